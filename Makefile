@@ -1,0 +1,45 @@
+# triemask: `make demo` and `make test` work on a fresh machine with Python 3.10+ and make.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-peers lint typecheck bench-core clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install --quiet -e '.[demo]'
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install --quiet -e '.[test]'
+	touch $@
+
+demo: $(VENV)/.installed-demo
+	$(VENV)/bin/triemask demo
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+typecheck: $(VENV)/.installed-test
+	$(VENV)/bin/mypy
+
+test: lint typecheck
+	$(PY) -m pytest -q
+
+# Peer equivalence (installs xgrammar, which needs torch: the CPU build is pinned first).
+test-peers: $(VENV)/.installed-test
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[peers]'
+	$(PY) -m pytest -q -m peers
+
+bench-core: $(VENV)/.installed-demo
+	$(PY) benchmarks/bench_core.py
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,47 @@
+"""triemask: make an LLM pick exactly one string from a large finite set.
+
+Build a :class:`Vocabulary` for the model, a :class:`Compiler` for the vocabulary
+(once), and compile each set of allowed strings into a :class:`TrieAutomaton`.
+The automaton gives, for any state, the allowed tokens as a precomputed lookup;
+a :class:`Matcher` follows one sequence through it.
+
+>>> from triemask import Compiler, Matcher, Vocabulary
+>>> vocab = Vocabulary([b"get", b"_", b"user", b"g", b"et", None], eos_token_ids=5)
+>>> automaton = Compiler(vocab).compile(["get_user", "get"])
+>>> matcher = Matcher(automaton)
+>>> matcher.accept_tokens([0, 1, 2, 5]), matcher.value
+(4, 'get_user')
+"""
+
+from ._automaton import DEAD, TrieAutomaton
+from ._bitmask import allocate_token_bitmask, bitmask_width
+from ._compile import Compiler
+from ._errors import (
+    BitmaskError,
+    IncompatibleValueError,
+    StateError,
+    TriemaskError,
+    ValueSetError,
+    VocabularyError,
+)
+from ._matcher import Matcher
+from ._vocabulary import Vocabulary
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEAD",
+    "BitmaskError",
+    "Compiler",
+    "IncompatibleValueError",
+    "Matcher",
+    "StateError",
+    "TrieAutomaton",
+    "TriemaskError",
+    "ValueSetError",
+    "Vocabulary",
+    "VocabularyError",
+    "__version__",
+    "allocate_token_bitmask",
+    "bitmask_width",
+]

@@ -1,0 +1,413 @@
+"""The compiled automaton: flat arrays, integer states, stateless lookups."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._bitmask import as_bitmask_array, bitmask_width
+from ._errors import StateError
+
+__all__ = ["DEAD", "TrieAutomaton"]
+
+DEAD = -1
+"""The state a rejected token leads to. Nothing is allowed in it."""
+
+_IntArray = npt.NDArray[np.integer[Any]]
+_ROW_BY_ROW = 4  # fill_bitmask writes batches up to this size row by row
+
+
+class TrieAutomaton:
+    """The compiled form of one set of values, for one vocabulary. Immutable.
+
+    Create one with :meth:`triemask.Compiler.compile`. States are plain integers:
+
+    * ``0 .. num_nodes - 1`` are trie nodes, one per distinct prefix of the values
+      (``initial_state`` is 0, the empty prefix);
+    * ``num_nodes + i`` is the final state reached by EOS after the ``i``-th value
+      (values in sorted byte order); nothing is allowed in it;
+    * :data:`DEAD` (-1) is where a rejected token leads.
+
+    Each node's allowed tokens are stored once, as a CSR of ``(token, next state)``
+    edges and as the non-zero words of its bitmask row, so a mask is a lookup whose
+    cost depends on the number of allowed tokens only, not on the number of values.
+    The arrays are read-only and the object holds no mutable state: one automaton
+    may serve any number of requests and threads.
+    """
+
+    __slots__ = (
+        "_compile_seconds",
+        "_dests_view",
+        "_edge_dests",
+        "_edge_offsets",
+        "_edge_offsets_view",
+        "_edge_tokens",
+        "_eos",
+        "_eos_token_ids",
+        "_input_values",
+        "_level_offsets",
+        "_mask_bits",
+        "_mask_bounds",
+        "_mask_offsets",
+        "_mask_offsets_view",
+        "_mask_words",
+        "_num_nodes",
+        "_num_values",
+        "_terminal_nodes",
+        "_terminal_values",
+        "_tokens_view",
+        "_value_flat",
+        "_value_starts",
+        "_values_are_str",
+        "_vocab_fingerprint",
+        "_vocab_size",
+        "_width",
+    )
+
+    def __init__(
+        self,
+        *,
+        edge_offsets: npt.NDArray[np.int32],
+        edge_tokens: npt.NDArray[np.int32],
+        edge_dests: npt.NDArray[np.int32],
+        mask_offsets: npt.NDArray[np.int32],
+        mask_words: npt.NDArray[np.int64],
+        mask_bits: npt.NDArray[np.int32],
+        terminal_nodes: _IntArray,
+        terminal_values: _IntArray,
+        value_flat: _IntArray,
+        value_starts: _IntArray,
+        values_are_str: bool,
+        input_values: int,
+        level_offsets: _IntArray,
+        vocab_size: int,
+        vocab_fingerprint: str,
+        eos_token_ids: tuple[int, ...],
+        eos: bool,
+        compile_seconds: float,
+    ) -> None:
+        self._num_nodes = len(edge_offsets) - 2  # the last offset pair is an empty sentinel
+        self._num_values = len(value_starts) - 1
+        self._edge_offsets = edge_offsets
+        self._edge_tokens = edge_tokens
+        self._edge_dests = edge_dests
+        self._mask_offsets = mask_offsets
+        self._mask_words = mask_words
+        self._mask_bits = mask_bits
+        self._terminal_nodes = terminal_nodes
+        self._terminal_values = terminal_values
+        self._value_flat = value_flat
+        self._value_starts = value_starts
+        self._values_are_str = values_are_str
+        self._input_values = input_values
+        self._level_offsets = level_offsets
+        self._vocab_size = vocab_size
+        self._width = bitmask_width(vocab_size)
+        self._vocab_fingerprint = vocab_fingerprint
+        self._eos_token_ids = eos_token_ids
+        self._eos = eos
+        self._compile_seconds = compile_seconds
+        for array in self._arrays():
+            array.flags.writeable = False
+        # memoryviews give the per-step paths Python ints without numpy scalar overhead.
+        self._edge_offsets_view = edge_offsets.data
+        self._mask_offsets_view = mask_offsets.data
+        # (first, past-last) mask word of every node, as an overlapping strided view.
+        self._mask_bounds = np.lib.stride_tricks.as_strided(
+            mask_offsets, shape=(len(mask_offsets) - 1, 2), strides=(mask_offsets.itemsize,) * 2, writeable=False
+        )
+        self._tokens_view = edge_tokens.data
+        self._dests_view = edge_dests.data
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        state = {
+            name.lstrip("_"): getattr(self, name)
+            for name in self.__slots__
+            if not name.endswith("_view") and name != "_mask_bounds"
+        }
+        del state["num_nodes"], state["num_values"], state["width"]
+        return (_restore, (state,))
+
+    def _arrays(self) -> list[npt.NDArray[Any]]:
+        return [
+            self._edge_offsets,
+            self._edge_tokens,
+            self._edge_dests,
+            self._mask_offsets,
+            self._mask_words,
+            self._mask_bits,
+            self._terminal_nodes,
+            self._terminal_values,
+            self._value_flat,
+            self._value_starts,
+            self._level_offsets,
+        ]
+
+    # ------------------------------------------------------------------ properties
+
+    @property
+    def initial_state(self) -> int:
+        """The state before any token: the empty prefix (0)."""
+        return 0
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of trie nodes (distinct prefixes of the values, the empty one included)."""
+        return self._num_nodes
+
+    @property
+    def num_states(self) -> int:
+        """Number of states: trie nodes plus one final state per value (DEAD excluded)."""
+        return self._num_nodes + self._num_values
+
+    @property
+    def num_values(self) -> int:
+        """Number of distinct values."""
+        return self._num_values
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's logits width this automaton was compiled for."""
+        return self._vocab_size
+
+    @property
+    def vocab_fingerprint(self) -> str:
+        """Fingerprint of the vocabulary this automaton was compiled for."""
+        return self._vocab_fingerprint
+
+    @property
+    def eos(self) -> bool:
+        """Whether EOS ends a complete value (``compile(..., eos=True)``)."""
+        return self._eos
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        """EOS ids allowed after a complete value (empty when ``eos`` is False)."""
+        return self._eos_token_ids if self._eos else ()
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by this automaton's arrays (the shared token index excluded)."""
+        return sum(a.nbytes for a in self._arrays())
+
+    # ------------------------------------------------------------------ queries
+
+    def _node(self, state: int) -> int:
+        """The trie node of ``state``, or ``num_nodes`` (an empty sentinel) for final and DEAD."""
+        if 0 <= state < self._num_nodes:
+            return state
+        if state == DEAD or self._num_nodes <= state < self._num_nodes + self._num_values:
+            return self._num_nodes
+        raise StateError(
+            f"state {state!r} is not a state of this automaton: expected DEAD (-1) or "
+            f"0 <= state < num_states={self.num_states}"
+        )
+
+    def allowed_token_ids(self, state: int) -> npt.NDArray[np.int32]:
+        """Ids of the tokens allowed in ``state``, ascending (EOS included when allowed).
+
+        The result is a read-only view into the automaton.
+        """
+        node = self._node(state)
+        return self._edge_tokens[self._edge_offsets_view[node] : self._edge_offsets_view[node + 1]]
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after ``token_id``; :data:`DEAD` when the token is not allowed."""
+        if not 0 <= state < self._num_nodes:
+            self._node(state)  # raises for ids that are no state; final and DEAD allow nothing
+            return DEAD
+        lo = self._edge_offsets_view[state]
+        hi = self._edge_offsets_view[state + 1]
+        i = bisect_left(self._tokens_view, token_id, lo, hi)
+        if i < hi and self._tokens_view[i] == token_id:
+            return int(self._dests_view[i])
+        return DEAD
+
+    def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
+        """Vectorised :meth:`next_state` over a batch (DEAD where rejected)."""
+        nodes = self._nodes(states)
+        tokens = np.asarray(token_ids)
+        if tokens.shape != nodes.shape:
+            raise StateError(f"states has shape {nodes.shape} but token_ids has shape {tokens.shape}")
+        lo = self._edge_offsets[nodes]
+        counts = self._edge_offsets[nodes + 1] - lo
+        result = np.full(len(nodes), DEAD, dtype=np.int32)
+        total = int(counts.sum())
+        if total:
+            row = np.repeat(np.arange(len(nodes)), counts)
+            edge = np.arange(total) + np.repeat(lo - (np.cumsum(counts) - counts), counts)
+            match = np.flatnonzero(self._edge_tokens[edge] == tokens[row])
+            result[row[match]] = self._edge_dests[edge[match]]
+        return result
+
+    def is_accepting(self, state: int) -> bool:
+        """Whether the tokens so far spell a complete value (true in final states too)."""
+        return self._value_index(state) is not None
+
+    def is_final(self, state: int) -> bool:
+        """Whether ``state`` is a final state, reached by EOS after a complete value."""
+        self._node(state)
+        return self._num_nodes <= state < self._num_nodes + self._num_values
+
+    def value_of(self, state: int) -> str | bytes | None:
+        """The completed value in ``state`` (as given: ``str`` or ``bytes``), else None."""
+        index = self._value_index(state)
+        return None if index is None else self.value(index)
+
+    def value(self, index: int) -> str | bytes:
+        """The ``index``-th distinct value, values in sorted (UTF-8 byte) order."""
+        if not 0 <= index < self._num_values:
+            raise IndexError(f"value index {index} is outside [0, {self._num_values})")
+        raw = self._value_flat[self._value_starts[index] : self._value_starts[index + 1]].tobytes()
+        return raw.decode("utf-8") if self._values_are_str else raw
+
+    def values(self) -> list[str | bytes]:
+        """All distinct values, in sorted (UTF-8 byte) order."""
+        return [self.value(i) for i in range(self._num_values)]
+
+    def _value_index(self, state: int) -> int | None:
+        node = self._node(state)
+        if node == self._num_nodes:
+            return None if state == DEAD else state - self._num_nodes
+        i = int(np.searchsorted(self._terminal_nodes, node))
+        if i < len(self._terminal_nodes) and self._terminal_nodes[i] == node:
+            return int(self._terminal_values[i])
+        return None
+
+    def _nodes(self, states: npt.ArrayLike) -> npt.NDArray[np.int64]:
+        """Validated trie nodes of a batch of states (final and DEAD -> empty sentinel)."""
+        s = np.asarray(states)
+        if s.dtype.kind not in "iu" or s.ndim != 1:
+            if s.ndim == 1 and s.size == 0:
+                return np.zeros(0, dtype=np.int64)
+            raise StateError(f"states must be a 1-D array of integers, got dtype {s.dtype}, shape {s.shape}")
+        s = s.astype(np.int64, copy=False)
+        # As unsigned, DEAD (-1) and finals clip to the sentinel; ids below -1 wrap
+        # to huge values, so one bound check catches every invalid id.
+        if s.size and int((s + 1).view(np.uint64).max()) > self._num_nodes + self._num_values:
+            bad = s[((s + 1).view(np.uint64)) > self._num_nodes + self._num_values][0]
+            raise StateError(
+                f"state {int(bad)} is not a state of this automaton (DEAD or 0 <= state < {self.num_states})"
+            )
+        return np.minimum(s.view(np.uint64), self._num_nodes).view(np.int64)
+
+    # ------------------------------------------------------------------ bitmasks
+
+    def fill_bitmask(
+        self, bitmask: Any, states: Sequence[int] | npt.NDArray[np.integer[Any]], *, rows: npt.ArrayLike | None = None
+    ) -> None:
+        """Write the allowed-token masks of a batch of states into ``bitmask``, in place.
+
+        Parameters
+        ----------
+        bitmask : numpy array or CPU torch tensor
+            ``int32`` of shape ``(batch, ceil(vocab_size / 32))``, C-contiguous; bit
+            ``i % 32`` of word ``i // 32`` is set iff token ``i`` is allowed. Every
+            written row is overwritten entirely.
+        states : sequence of int
+            One state per row to write.
+        rows : sequence of int, optional
+            The rows to write, one per state (distinct); default ``0 .. len(states) - 1``.
+        """
+        array = as_bitmask_array(bitmask, self._vocab_size)
+        if rows is None and len(states) <= _ROW_BY_ROW:  # a few rows: numpy call overhead dominates
+            if len(states) > array.shape[0]:
+                raise StateError(f"{len(states)} states but the bitmask has only {array.shape[0]} rows")
+            for i, state in enumerate(states):
+                self._fill_row(array[i], int(state))
+            return
+        nodes = self._nodes(states)
+        batch = len(nodes)
+        if batch == 0:
+            if rows is not None and np.size(rows):
+                raise StateError(f"rows must be 0 integers (one per state), got {np.size(rows)}")
+            return
+        if rows is None:
+            if batch > array.shape[0]:
+                raise StateError(f"{batch} states but the bitmask has only {array.shape[0]} rows")
+            row_base = np.arange(0, batch * self._width, self._width, dtype=np.int64)
+            array[:batch].view(np.uint8).fill(0)
+        else:
+            row_ids = np.asarray(rows)
+            if row_ids.shape != (batch,) or (batch and row_ids.dtype.kind not in "iu"):
+                raise StateError(
+                    f"rows must be {batch} integers (one per state), got dtype {row_ids.dtype}, shape {row_ids.shape}"
+                )
+            if batch and (int(row_ids.min()) < 0 or int(row_ids.max()) >= array.shape[0]):
+                raise StateError(f"rows must lie in [0, {array.shape[0]}), got min {row_ids.min()} max {row_ids.max()}")
+            array[row_ids] = 0
+            row_base = row_ids.astype(np.int64) * self._width
+        bounds = self._mask_bounds[nodes]  # (batch, 2): first and past-last mask word
+        counts = bounds[:, 1] - bounds[:, 0]
+        ends = np.cumsum(counts)
+        total = int(ends[-1]) if batch else 0
+        if total:
+            index = np.arange(total) + np.repeat(bounds[:, 1] - ends, counts)
+            array.reshape(-1)[np.repeat(row_base, counts) + self._mask_words[index]] = self._mask_bits[index]
+
+    def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
+        """Overwrite one bitmask row (a 1-D int32 view) with ``state``'s mask."""
+        row.fill(0)
+        if 0 <= state < self._num_nodes:
+            lo = self._mask_offsets_view[state]
+            hi = self._mask_offsets_view[state + 1]
+            row[self._mask_words[lo:hi]] = self._mask_bits[lo:hi]
+        else:
+            self._node(state)
+
+    # ------------------------------------------------------------------ description
+
+    def stats(self) -> dict[str, Any]:
+        """Structure of the automaton.
+
+        ``prefix_sharing_ratio`` is the paper's r = trie nodes (root excluded) /
+        total bytes of the distinct values; ``valid_by_depth`` gives, for each
+        depth, the number of nodes and the mean and max number of allowed tokens
+        (EOS included) as in the paper's Table 15.
+        """
+        n = self._num_nodes
+        per_node = np.diff(self._edge_offsets[: n + 1])
+        value_bytes = int(self._value_starts[-1])
+        by_depth = []
+        for depth in range(len(self._level_offsets) - 1):
+            counts = per_node[self._level_offsets[depth] : self._level_offsets[depth + 1]]
+            by_depth.append(
+                {
+                    "depth": depth,
+                    "nodes": int(counts.size),
+                    "mean_valid": float(counts.mean()),
+                    "max_valid": int(counts.max()),
+                }
+            )
+        return {
+            "values": self._num_values,
+            "duplicates_collapsed": self._input_values - self._num_values,
+            "value_bytes": value_bytes,
+            "trie_nodes": n - 1,
+            "prefix_sharing_ratio": (n - 1) / value_bytes if value_bytes else 0.0,
+            "max_depth": len(self._level_offsets) - 2,
+            "states": self.num_states,
+            "edges": int(self._edge_offsets[-1]),
+            "mask_words": len(self._mask_words),
+            "memory_bytes": self.memory_bytes,
+            "compile_seconds": self._compile_seconds,
+            "eos": self._eos,
+            "eos_token_ids": list(self.eos_token_ids),
+            "vocab_size": self._vocab_size,
+            "vocab_fingerprint": self._vocab_fingerprint,
+            "valid_by_depth": by_depth,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"TrieAutomaton(values={self._num_values}, nodes={self._num_nodes}, "
+            f"edges={int(self._edge_offsets[-1])}, eos={self._eos}, memory_bytes={self.memory_bytes})"
+        )
+
+
+def _restore(state: dict[str, Any]) -> TrieAutomaton:
+    return TrieAutomaton(**state)

@@ -1,0 +1,382 @@
+"""Compiling a set of values into a :class:`TrieAutomaton`, with array operations only.
+
+For every trie node ``a`` the automaton needs the tokens ``t`` such that
+``prefix(a) + bytes(t)`` is again a prefix of some value, and the node that
+string ends at. Equivalently: for every node ``m`` and every ancestor ``a`` of
+``m``, whether the bytes on the path ``a -> m`` form a token. The compiler
+answers that for all nodes at once, one level at a time: a frontier of pairs
+``(a, m)`` whose path is a suffix of some token (a node ``u`` of the token
+index's reversed-token trie), starting with every edge ``parent(m) -> m``; each
+step moves every ``a`` one node up and follows one byte in the reversed-token
+trie, dropping the pairs that no token ends with. A pair whose ``u`` carries a
+token id is an allowed edge ``a --token--> m``. The work is proportional to the
+number of (node, token-suffix) pairs, about trie nodes x average token length,
+and independent of the vocabulary size.
+
+Because nodes are numbered breadth-first, each level's frontier stays sorted by
+``a``, so the edges are grouped by node with a counting sort and no comparison
+sort. Within a node, edges are ordered by token length, then by token bytes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._automaton import TrieAutomaton
+from ._errors import IncompatibleValueError, ValueSetError
+from ._token_index import TokenIndex
+from ._trie import ByteTrie, build_trie
+from ._vocabulary import Vocabulary
+
+__all__ = ["Compiler"]
+
+
+class Compiler:
+    """Compiles sets of values against one vocabulary.
+
+    Building a compiler indexes the vocabulary once (about half a second for a
+    150K-token vocabulary); every :meth:`compile` reuses that index. A compiler
+    holds no per-set state and may be shared between threads.
+
+    Parameters
+    ----------
+    vocab : Vocabulary
+        The vocabulary of the model that will be constrained.
+
+    Examples
+    --------
+    >>> from triemask import Compiler, Vocabulary
+    >>> vocab = Vocabulary([b"a", b"b", b"ab", None], eos_token_ids=3)
+    >>> automaton = Compiler(vocab).compile(["ab", "b"])
+    >>> automaton.allowed_token_ids(automaton.initial_state).tolist()
+    [0, 1, 2]
+    """
+
+    __slots__ = ("_index", "_vocab")
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        if not isinstance(vocab, Vocabulary):
+            raise TypeError(f"Compiler needs a triemask.Vocabulary, got {type(vocab).__qualname__}")
+        self._vocab = vocab
+        self._index = TokenIndex(vocab)
+
+    @property
+    def vocab(self) -> Vocabulary:
+        """The vocabulary this compiler indexes."""
+        return self._vocab
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes and build time of the per-vocabulary token index."""
+        return self._index.stats()
+
+    def compile(self, values: Iterable[str] | Iterable[bytes], *, eos: bool = True) -> TrieAutomaton:
+        """Compile the set ``values`` into an automaton.
+
+        Parameters
+        ----------
+        values : iterable of str or of bytes
+            The allowed strings: all ``str`` (UTF-8) or all ``bytes``. Duplicates
+            collapse; the empty string is a legal value; the set must not be empty.
+        eos : bool
+            When True, a complete value allows the vocabulary's EOS tokens, which
+            lead to a final state. When False, masks never contain EOS (for use
+            inside a larger grammar); ``is_accepting`` / ``value_of`` tell when a
+            value is complete.
+
+        Raises
+        ------
+        ValueSetError
+            The set is empty, mixes ``str`` and ``bytes``, holds something else,
+            or holds a string that is not valid Unicode.
+        IncompatibleValueError
+            No sequence of the vocabulary's text tokens spells some value.
+        """
+        started = time.perf_counter()
+        if eos and not self._vocab.eos_token_ids:
+            raise ValueSetError(
+                "compile(eos=True) needs EOS token ids, and this vocabulary has none: "
+                "build the Vocabulary with eos_token_ids=..., or compile with eos=False"
+            )
+        items, flat, starts, are_str = _encode_values(values)
+        trie = build_trie(flat, starts)
+        n, k = trie.num_nodes, trie.num_strings
+        keys = _EdgeKeys(n, n + k, self._vocab.vocab_size)
+        found = _match(trie, self._index, keys)
+        if eos:
+            found.append(_eos_edges(trie, keys, self._vocab.eos_token_ids))
+        tokens, dests, offsets = keys.csr(found, n)
+        if not self._every_byte_is_a_token(trie):
+            tokens, dests, offsets = _prune_and_check(trie, self._index, tokens, dests, offsets, are_str)
+        words, bits, mask_offsets = _masks(tokens, offsets)
+        terminal_order = np.argsort(trie.terminal, kind="stable").astype(np.int32)
+        return TrieAutomaton(
+            edge_offsets=offsets,
+            edge_tokens=tokens,
+            edge_dests=dests,
+            mask_offsets=mask_offsets,
+            mask_words=words,
+            mask_bits=bits,
+            terminal_nodes=trie.terminal[terminal_order],
+            terminal_values=terminal_order,
+            value_flat=trie.flat,
+            value_starts=trie.starts,
+            values_are_str=are_str,
+            input_values=len(items),
+            level_offsets=trie.level_offsets,
+            vocab_size=self._vocab.vocab_size,
+            vocab_fingerprint=self._vocab.fingerprint,
+            eos_token_ids=self._vocab.eos_token_ids,
+            eos=eos,
+            compile_seconds=time.perf_counter() - started,
+        )
+
+    def _every_byte_is_a_token(self, trie: ByteTrie) -> bool:
+        """True when each byte the values use is itself a token: then every node is
+        reachable byte by byte and can complete its values, so nothing needs pruning."""
+        used = np.zeros(256, dtype=bool)
+        used[trie.byte[1:]] = True
+        return not bool((used & ~self._index.byte_is_token).any())
+
+
+# --------------------------------------------------------------------------- values
+
+
+def _encode_values(
+    values: Iterable[str] | Iterable[bytes],
+) -> tuple[list[Any], npt.NDArray[np.uint8], npt.NDArray[np.int64], bool]:
+    """The values as one UTF-8 byte buffer plus offsets, without a Python loop
+    over the values when they hold no NUL character."""
+    if isinstance(values, (str, bytes, bytearray)):
+        raise ValueSetError(
+            f"values must be an iterable of strings, got a single {type(values).__name__} {values[:40]!r}; "
+            "wrap it in a list"
+        )
+    items: list[Any] = values if isinstance(values, list) else list(values)
+    if not items:
+        raise ValueSetError("cannot compile an empty set of values")
+    try:
+        joined = "\x00".join(items)
+        are_str = True
+    except TypeError:
+        joined = None
+        are_str = False
+    if are_str:
+        assert joined is not None
+        try:
+            data = joined.encode("utf-8")
+        except UnicodeEncodeError:
+            for i, item in enumerate(items):
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError as exc:  # noqa: PERF203 - only on the error path
+                    raise ValueSetError(f"value #{i} {item!r} is not valid Unicode: {exc.reason}") from None
+            raise
+    else:
+        expected = str if isinstance(items[0], str) else (bytes, bytearray, memoryview)
+        for i, item in enumerate(items):
+            if not isinstance(item, expected):
+                raise ValueSetError(
+                    f"values must be all str or all bytes; value #{i} is {type(item).__name__}: {item!r}"
+                )
+        data = b"\x00".join(items)
+    raw = np.frombuffer(data, dtype=np.uint8)
+    cuts = np.flatnonzero(raw == 0)
+    k = len(items)
+    if len(cuts) != k - 1:  # some value holds a NUL: encode one by one
+        encoded = [item.encode("utf-8") if are_str else bytes(item) for item in items]
+        flat = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=k)
+    else:
+        keep = np.ones(len(raw), dtype=bool)
+        keep[cuts] = False
+        flat = raw[keep]
+        bounds = np.concatenate(([-1], cuts, [len(raw)]))
+        lengths = np.diff(bounds) - 1
+    starts = np.zeros(k + 1, dtype=np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    return items, flat, starts, are_str
+
+
+# --------------------------------------------------------------------------- matching
+
+
+class _EdgeKeys:
+    """Packs an edge ``(source, token, destination)`` into one uint64 whose order is
+    (source, token): sorting the keys groups edges by node, tokens ascending."""
+
+    def __init__(self, num_nodes: int, num_states: int, vocab_size: int) -> None:
+        self.token_bits = max(int(vocab_size - 1).bit_length(), 1)
+        self.dest_bits = max(int(num_states - 1).bit_length(), 1)
+        if int(num_nodes).bit_length() + self.token_bits + self.dest_bits > 64:
+            raise ValueSetError(
+                f"{num_states} states with a {vocab_size}-token vocabulary do not fit triemask's "
+                "64-bit edge keys; split the set (docs/design.md, 'Limits')"
+            )
+        self.source_shift = np.uint64(self.token_bits + self.dest_bits)
+        self.token_shift = np.uint64(self.dest_bits)
+
+    def pack(
+        self, sources: npt.NDArray[Any], tokens: npt.NDArray[Any], dests: npt.NDArray[np.uint64]
+    ) -> npt.NDArray[np.uint64]:
+        keys: npt.NDArray[np.uint64] = (
+            (sources.astype(np.uint64) << self.source_shift)
+            | (tokens.astype(np.uint64) << self.token_shift)
+            | dests.astype(np.uint64, copy=False)
+        )
+        return keys
+
+    def csr(
+        self, batches: list[npt.NDArray[np.uint64]], num_nodes: int
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """Sort the keys and split them into CSR arrays (tokens, destinations, offsets)."""
+        keys = np.concatenate(batches)
+        keys.sort()
+        sources = keys >> self.source_shift
+        tokens = ((keys >> self.token_shift) & np.uint64((1 << self.token_bits) - 1)).astype(np.int32)
+        dests = (keys & np.uint64((1 << self.dest_bits) - 1)).astype(np.int32)
+        offsets = np.searchsorted(sources, np.arange(num_nodes + 2, dtype=np.uint64))
+        if len(keys) >= 1 << 31:  # pragma: no cover - over 2**31 edges
+            raise ValueSetError(f"{len(keys)} edges exceed triemask's 32-bit offsets; split the set")
+        return tokens, dests, offsets.astype(np.int32)
+
+
+def _match(trie: ByteTrie, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArray[np.uint64]]:
+    """All allowed text edges, as packed keys, in batches."""
+    parent, byte = trie.parent, trie.byte
+    n = trie.num_nodes
+    ends = np.arange(1, n, dtype=np.uint64)  # m
+    starts = parent[1:]  # a, the start of the path a -> m
+    suffix = index.step(np.zeros(n - 1, dtype=np.int32), byte[1:], 0)  # u, that path reversed
+    found: list[npt.NDArray[np.uint64]] = []
+    level = 1
+    while suffix.size:
+        token = index.first_token[suffix]
+        whole = token >= 0
+        found.append(keys.pack(starts, token, ends)[whole])
+        if index.dup_tokens is not None:
+            found.extend(_duplicate_edges(index, keys, starts[whole], suffix[whole], ends[whole]))
+        grow = index.has_children[suffix]
+        grow &= starts != 0
+        starts, ends, suffix = starts[grow], ends[grow], suffix[grow]
+        suffix = index.step(suffix, byte[starts], level)
+        starts = parent[starts]
+        level += 1
+    return found
+
+
+def _duplicate_edges(
+    index: TokenIndex, keys: _EdgeKeys, a: npt.NDArray[Any], u: npt.NDArray[Any], m: npt.NDArray[np.uint64]
+) -> list[npt.NDArray[np.uint64]]:
+    """Edges for the other ids of tokens whose bytes equal another token's."""
+    assert index.dup_offsets is not None and index.dup_tokens is not None
+    lo = index.dup_offsets[u]
+    counts = index.dup_offsets[u + 1] - lo
+    total = int(counts.sum())
+    if not total:
+        return []
+    which = np.repeat(np.arange(len(u)), counts)
+    position = np.arange(total) + np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    return [keys.pack(a[which], index.dup_tokens[position], m[which])]
+
+
+def _eos_edges(trie: ByteTrie, keys: _EdgeKeys, eos_ids: tuple[int, ...]) -> npt.NDArray[np.uint64]:
+    """``terminal of value i --eos--> final state num_nodes + i`` for every EOS id."""
+    k = trie.num_strings
+    sources = np.repeat(trie.terminal, len(eos_ids))
+    tokens = np.tile(np.asarray(eos_ids, dtype=np.int64), k)
+    finals = np.repeat(np.arange(trie.num_nodes, trie.num_nodes + k, dtype=np.uint64), len(eos_ids))
+    return keys.pack(sources, tokens, finals)
+
+
+# --------------------------------------------------------------------------- masks
+
+
+def _masks(
+    tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """Each node's bitmask row as its non-zero words: (word index, word) pairs.
+
+    Tokens are sorted within a node, so the tokens sharing a word are adjacent and
+    one ``bitwise_or.reduceat`` merges them.
+    """
+    word = tokens >> 5
+    bit = np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32)).view(np.int32)
+    group_start = np.ones(len(tokens), dtype=bool)
+    group_start[1:] = word[1:] != word[:-1]
+    group_start[offsets[:-1][offsets[:-1] < len(tokens)]] = True  # a new node starts a new group
+    starts = np.flatnonzero(group_start)
+    bits = np.bitwise_or.reduceat(bit, starts) if starts.size else bit[:0]
+    mask_offsets = np.concatenate(([0], np.cumsum(group_start)))[offsets]
+    # int64 word indices: numpy scatters with them without converting the index.
+    return word[starts].astype(np.int64), bits, mask_offsets.astype(np.int32)
+
+
+# --------------------------------------------------------------------------- rare path
+
+
+def _prune_and_check(
+    trie: ByteTrie,
+    index: TokenIndex,
+    tokens: npt.NDArray[np.int32],
+    dests: npt.NDArray[np.int32],
+    offsets: npt.NDArray[np.int32],
+    are_str: bool,
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """For vocabularies lacking some single-byte token: drop edges into nodes from
+    which no token sequence completes a value (the masks never lead into a dead
+    end), and raise if some value cannot be spelled at all."""
+    n = trie.num_nodes
+    levels = trie.level_offsets
+    live = np.zeros(n + trie.num_strings, dtype=bool)
+    live[trie.terminal] = True
+    live[n:] = True  # final states
+    for depth in range(len(levels) - 2, -1, -1):  # edges lead deeper: settle the deep levels first
+        lo, hi = int(levels[depth]), int(levels[depth + 1])
+        e_lo, e_hi = int(offsets[lo]), int(offsets[hi])
+        if e_hi > e_lo:
+            reached = np.concatenate(([0], np.cumsum(live[dests[e_lo:e_hi]])))
+            live[lo:hi] |= reached[offsets[lo + 1 : hi + 1] - e_lo] > reached[offsets[lo:hi] - e_lo]
+    keep = live[dests]
+    kept_before = np.concatenate(([0], np.cumsum(keep)))
+    tokens, dests, offsets = tokens[keep], dests[keep], kept_before[offsets].astype(np.int32)
+    reachable = np.zeros(n + trie.num_strings, dtype=bool)
+    reachable[0] = True
+    for depth in range(len(levels) - 1):
+        lo, hi = int(levels[depth]), int(levels[depth + 1])
+        from_reached = np.repeat(reachable[lo:hi], np.diff(offsets[lo : hi + 1]))
+        reachable[dests[int(offsets[lo]) : int(offsets[hi])][from_reached]] = True
+    spelled = reachable[trie.terminal]
+    if not spelled.all():
+        _raise_incompatible(trie, index, reachable, int(np.flatnonzero(~spelled)[0]), are_str)
+    return tokens, dests, offsets
+
+
+def _raise_incompatible(
+    trie: ByteTrie, index: TokenIndex, reachable: npt.NDArray[np.bool_], value_index: int, are_str: bool
+) -> None:
+    raw = trie.string(value_index)
+    value: str | bytes = raw.decode("utf-8") if are_str else raw
+    for offset, b in enumerate(raw):
+        if not index.byte_in_token[b]:
+            raise IncompatibleValueError(
+                f"value {value!r} cannot be spelled with this vocabulary's text tokens: byte 0x{b:02x} "
+                f"at offset {offset} occurs in no text token",
+                value=value,
+                offset=offset,
+            )
+    path = [int(trie.terminal[value_index])]
+    while path[-1] != 0:
+        path.append(int(trie.parent[path[-1]]))
+    spellable = max(depth for depth, node in enumerate(reversed(path)) if reachable[node])
+    raise IncompatibleValueError(
+        f"value {value!r} cannot be spelled with this vocabulary's text tokens: the longest prefix "
+        f"a token sequence can produce is {raw[:spellable]!r} (offset {spellable}), and no token "
+        "sequence continues from there to the end of the value",
+        value=value,
+        offset=spellable,
+    )

@@ -1,0 +1,64 @@
+"""Exceptions raised by triemask.
+
+Every error triemask raises on bad input derives from :class:`TriemaskError`, and
+also from the built-in class a caller would naturally catch (``ValueError`` or
+``TypeError``)::
+
+    TriemaskError
+    ├── VocabularyError (ValueError)       a token table, EOS id or vocab_size is unusable
+    ├── ValueSetError (ValueError)         the set of values to compile is unusable
+    │   └── IncompatibleValueError         a value no sequence of text tokens can spell
+    ├── StateError (ValueError)            a state id that no automaton state has
+    └── BitmaskError (ValueError)          a bitmask buffer of the wrong shape, dtype or device
+
+A token that is merely not allowed is not an error: ``TrieAutomaton.next_state``
+returns :data:`triemask.DEAD` and ``Matcher.accept_token`` returns ``False``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BitmaskError",
+    "IncompatibleValueError",
+    "StateError",
+    "TriemaskError",
+    "ValueSetError",
+    "VocabularyError",
+]
+
+
+class TriemaskError(Exception):
+    """Base class of every error raised by triemask."""
+
+
+class VocabularyError(TriemaskError, ValueError):
+    """A token table, EOS id, ``vocab_size`` or tokenizer cannot be used."""
+
+
+class ValueSetError(TriemaskError, ValueError):
+    """The set of values handed to ``Compiler.compile`` cannot be compiled."""
+
+
+class IncompatibleValueError(ValueSetError):
+    """A value that no sequence of the vocabulary's text tokens can spell.
+
+    Attributes
+    ----------
+    value : str | bytes
+        The offending value, as given.
+    offset : int
+        Byte offset inside the value's UTF-8 encoding where spelling fails.
+    """
+
+    def __init__(self, message: str, *, value: str | bytes, offset: int) -> None:
+        super().__init__(message)
+        self.value = value
+        self.offset = offset
+
+
+class StateError(TriemaskError, ValueError):
+    """A state id outside the automaton (neither a node, a final state, nor DEAD)."""
+
+
+class BitmaskError(TriemaskError, ValueError):
+    """A token bitmask buffer whose type, shape, dtype, layout or device is wrong."""

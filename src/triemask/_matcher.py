@@ -1,0 +1,135 @@
+"""The per-request matcher: a state id and a short history over a shared automaton."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from ._automaton import DEAD, TrieAutomaton
+from ._bitmask import as_bitmask_array
+from ._errors import StateError
+
+__all__ = ["Matcher"]
+
+
+class Matcher:
+    """Tracks one sequence through a :class:`TrieAutomaton`.
+
+    A matcher is a state id plus the last ``max_rollback`` states, so it is cheap
+    to create and to :meth:`copy` (for beam search or speculative decoding); the
+    automaton is shared, never copied.
+
+    Parameters
+    ----------
+    automaton : TrieAutomaton
+        The compiled set.
+    max_rollback : int
+        How many accepted tokens :meth:`rollback` can undo.
+
+    Examples
+    --------
+    >>> from triemask import Compiler, Matcher, Vocabulary
+    >>> vocab = Vocabulary([b"yes", b"no", b"n", b"o", None], eos_token_ids=4)
+    >>> matcher = Matcher(Compiler(vocab).compile(["yes", "no"]))
+    >>> matcher.accept_token(2), matcher.accept_token(0), matcher.accept_token(3)
+    (True, False, True)
+    >>> matcher.value, matcher.accept_token(4), matcher.is_terminated()
+    ('no', True, True)
+    """
+
+    __slots__ = ("_automaton", "_history", "_state")
+
+    def __init__(self, automaton: TrieAutomaton, *, max_rollback: int = 16) -> None:
+        if not isinstance(automaton, TrieAutomaton):
+            raise TypeError(f"Matcher needs a TrieAutomaton, got {type(automaton).__qualname__}")
+        if max_rollback < 0:
+            raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
+        self._automaton = automaton
+        self._state = automaton.initial_state
+        self._history: deque[int] = deque(maxlen=max_rollback)
+
+    @property
+    def automaton(self) -> TrieAutomaton:
+        """The shared automaton."""
+        return self._automaton
+
+    @property
+    def state(self) -> int:
+        """The current state id."""
+        return self._state
+
+    @property
+    def value(self) -> str | bytes | None:
+        """The value spelled so far if it is complete, else None."""
+        return self._automaton.value_of(self._state)
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token. Returns False, leaving the state unchanged, when the
+        token is not allowed (any integer is accepted as input; none raises)."""
+        try:
+            following = self._automaton.next_state(self._state, int(token_id))
+        except (TypeError, ValueError, OverflowError):
+            return False
+        if following == DEAD:
+            return False
+        self._history.append(self._state)
+        self._state = following
+        return True
+
+    def accept_tokens(self, token_ids: Iterable[int]) -> int:
+        """Accept tokens in order until one is rejected; returns how many were accepted."""
+        accepted = 0
+        for token_id in token_ids:
+            if not self.accept_token(token_id):
+                break
+            accepted += 1
+        return accepted
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+        if num_tokens < 0 or num_tokens > len(self._history):
+            raise StateError(
+                f"cannot roll back {num_tokens} tokens: {len(self._history)} can be undone "
+                f"(max_rollback={self._history.maxlen})"
+            )
+        for _ in range(num_tokens):
+            self._state = self._history.pop()
+
+    def reset(self) -> None:
+        """Return to the initial state and forget the history."""
+        self._state = self._automaton.initial_state
+        self._history.clear()
+
+    def copy(self) -> Matcher:
+        """An independent matcher in the same state, sharing the automaton."""
+        clone = Matcher.__new__(Matcher)
+        clone._automaton = self._automaton
+        clone._state = self._state
+        clone._history = self._history.copy()
+        return clone
+
+    def is_terminated(self) -> bool:
+        """True once no further token can be accepted: EOS was accepted, or (with
+        ``eos=False``) the value is complete and nothing extends it."""
+        return self._automaton.is_final(self._state) or (
+            self._automaton.allowed_token_ids(self._state).size == 0 and self._automaton.is_accepting(self._state)
+        )
+
+    def allowed_token_ids(self) -> Any:
+        """Ids allowed next, ascending."""
+        return self._automaton.allowed_token_ids(self._state)
+
+    def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
+        """Overwrite row ``row`` of ``bitmask`` with the mask of the next token.
+
+        ``bitmask`` is an int32 numpy array or CPU torch tensor of shape
+        ``(batch, ceil(vocab_size / 32))`` (or one row of it).
+        """
+        array = as_bitmask_array(bitmask, self._automaton.vocab_size)
+        if not 0 <= row < array.shape[0]:
+            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
+        self._automaton._fill_row(array[row], self._state)
+
+    def __repr__(self) -> str:
+        return f"Matcher(state={self._state}, value={self.value!r})"

@@ -1,0 +1,218 @@
+"""The per-vocabulary index: every text token, reversed, in one byte trie.
+
+Built once per :class:`~triemask.Vocabulary` and shared by every compiled set.
+A node of this trie stands for a byte string ``s`` that is a suffix of some
+token (the trie spells ``s`` backwards). The compiler walks each trie path of a
+value set from its end towards the root; extending ``s`` by the byte in front of
+it is one transition here, and ``s`` is a whole token exactly when the node
+carries a token id. This is the Aho-Corasick output function, computed by
+prefix sharing from the other end: the compiler never scans the vocabulary.
+
+A missing transition leads to a sentinel node (id ``num_nodes``) that carries no
+token and has no children, so the compiler never filters for misses separately.
+
+Transitions ``(node, byte) -> child`` live in two tables:
+
+* a dense ``node * 256 + byte`` table for the shallow nodes (the first few
+  levels, where the compiler does most of its lookups);
+* an open-addressing hash table (linear probing, one ``uint64`` per slot
+  holding key and child) for the deeper nodes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._trie import build_trie
+from ._vocabulary import Vocabulary
+
+__all__ = ["TokenIndex"]
+
+_DENSE_TABLE_BYTES = 48 << 20  # budget for the dense transition rows
+_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
+_EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+class TokenIndex:
+    """The reversed-token trie of a vocabulary, with its transition tables.
+
+    Parameters
+    ----------
+    vocab : Vocabulary
+        The vocabulary to index.
+    """
+
+    __slots__ = (
+        "build_seconds",
+        "byte_in_token",
+        "byte_is_token",
+        "dense",
+        "dense_levels",
+        "dup_offsets",
+        "dup_tokens",
+        "first_token",
+        "has_children",
+        "hash_shift",
+        "hash_table",
+        "level_offsets",
+        "num_nodes",
+        "vocab",
+    )
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        started = time.perf_counter()
+        self.vocab = vocab
+        lengths, _, data = vocab._table()
+        text_ids = np.flatnonzero(lengths > 0)
+        token_lengths = lengths[text_ids].astype(np.int64)
+        raw = np.frombuffer(data, dtype=np.uint8)
+        # Reversing the concatenation reverses every token and their order.
+        flat = raw[::-1].copy()
+        starts = np.zeros(len(text_ids) + 1, dtype=np.int64)
+        np.cumsum(token_lengths[::-1], out=starts[1:])
+        reversed_ids = text_ids[::-1].astype(np.int32)
+        if len(text_ids) == 0:  # no text at all: a trie of the empty string, the root alone
+            starts = np.zeros(2, dtype=np.int64)
+        trie = build_trie(flat, starts, return_inverse=True)
+        n = trie.num_nodes
+        self.num_nodes = n
+        self.level_offsets = trie.level_offsets
+
+        # Token ids ending at each node: the smallest in first_token, any others
+        # (ids with identical bytes, e.g. "A" and byte-fallback "<0x41>") in a CSR.
+        # Index n is the sentinel.
+        first_token = np.full(n + 1, np.iinfo(np.int32).max, dtype=np.int32)
+        self.dup_tokens = self.dup_offsets = None
+        if len(text_ids):
+            node_of_token = trie.terminal[trie.inverse]
+            np.minimum.at(first_token, node_of_token, reversed_ids)
+            dup_mask = first_token[node_of_token] != reversed_ids
+            if dup_mask.any():
+                dup_nodes = node_of_token[dup_mask]
+                dup_ids = reversed_ids[dup_mask]
+                order = np.lexsort((dup_ids, dup_nodes))
+                self.dup_tokens = dup_ids[order]
+                self.dup_offsets = np.zeros(n + 2, dtype=np.int64)
+                np.cumsum(np.bincount(dup_nodes, minlength=n + 1), out=self.dup_offsets[1:])
+        first_token[first_token == np.iinfo(np.int32).max] = -1
+        self.first_token = first_token
+
+        self.has_children = np.zeros(n + 1, dtype=bool)
+        self.has_children[trie.parent[1:]] = True
+
+        # Dense rows for whole levels while they fit the budget.
+        levels = 1
+        while levels < len(trie.level_offsets) - 1 and trie.level_offsets[levels + 1] * 256 * 4 <= _DENSE_TABLE_BYTES:
+            levels += 1
+        dense_nodes = int(trie.level_offsets[levels])
+        self.dense_levels = levels  # nodes of depth < levels have dense rows
+        children = np.arange(1, n, dtype=np.int32)
+        parents = trie.parent[1:].astype(np.int64)
+        keys = parents * 256 + trie.byte[1:]
+        in_dense = parents < dense_nodes
+        self.dense = np.full(dense_nodes * 256, n, dtype=np.int32)
+        self.dense[keys[in_dense]] = children[in_dense]
+        self.hash_table, self.hash_shift = _build_hash(
+            keys[~in_dense].astype(np.uint64), children[~in_dense].astype(np.uint64)
+        )
+
+        self.byte_is_token = first_token[self.dense[:256]] >= 0
+        self.byte_in_token = np.bincount(raw, minlength=256) > 0
+        for array in self._arrays():
+            array.flags.writeable = False
+        self.build_seconds = time.perf_counter() - started
+
+    def _arrays(self) -> list[npt.NDArray[Any]]:
+        arrays = [
+            self.first_token,
+            self.has_children,
+            self.dense,
+            self.hash_table,
+            self.level_offsets,
+            self.byte_is_token,
+            self.byte_in_token,
+        ]
+        if self.dup_tokens is not None and self.dup_offsets is not None:
+            arrays += [self.dup_tokens, self.dup_offsets]
+        return arrays
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the index's arrays."""
+        return sum(a.nbytes for a in self._arrays())
+
+    def step(self, nodes: npt.NDArray[np.int32], bytes_: npt.NDArray[np.uint8], level: int) -> npt.NDArray[np.int32]:
+        """Children ``nodes[i] --bytes_[i]-->``; the sentinel ``num_nodes`` where there
+        is none. All ``nodes`` are at depth ``level`` (the sentinel is allowed)."""
+        if level < self.dense_levels:
+            children: npt.NDArray[np.int32] = self.dense[(nodes.astype(np.int64) << 8) | bytes_]
+            return children
+        keys = (nodes.astype(np.uint64) << np.uint64(8)) | bytes_
+        return _hash_lookup(self.hash_table, self.hash_shift, keys, self.num_nodes)
+
+    def stats(self) -> dict[str, Any]:
+        """Sizes of the index."""
+        return {
+            "reversed_token_trie_nodes": self.num_nodes,
+            "max_token_bytes": len(self.level_offsets) - 2,
+            "dense_levels": self.dense_levels,
+            "hash_entries": int(np.count_nonzero(self.hash_table != _EMPTY)),
+            "hash_slots": len(self.hash_table),
+            "duplicate_byte_tokens": 0 if self.dup_tokens is None else len(self.dup_tokens),
+            "memory_bytes": self.memory_bytes,
+            "build_seconds": self.build_seconds,
+        }
+
+
+def _slots(keys: npt.NDArray[np.uint64], shift: int) -> npt.NDArray[np.int64]:
+    slots: npt.NDArray[np.int64] = ((keys * _HASH_MULTIPLIER) >> np.uint64(shift)).astype(np.int64)
+    return slots
+
+
+def _build_hash(keys: npt.NDArray[np.uint64], values: npt.NDArray[np.uint64]) -> tuple[npt.NDArray[np.uint64], int]:
+    """Open-addressing table of ``key << 32 | value`` at load factor <= 1/4."""
+    bits = max(4, int(np.ceil(np.log2(max(len(keys), 1) * 4))))
+    size = 1 << bits
+    shift = 64 - bits
+    table = np.full(size, _EMPTY, dtype=np.uint64)
+    entries = (keys << np.uint64(32)) | values
+    slots = _slots(keys, shift)
+    pending = np.arange(len(keys))
+    claim = np.full(size, -1, dtype=np.int64)
+    while pending.size:
+        s = slots[pending]
+        free = table[s] == _EMPTY
+        candidates = pending[free]
+        candidate_slots = s[free]
+        claim[candidate_slots] = candidates  # one candidate per free slot wins
+        won = claim[candidate_slots] == candidates
+        table[candidate_slots[won]] = entries[candidates[won]]
+        placed = np.zeros(len(keys), dtype=bool)
+        placed[candidates[won]] = True
+        pending = pending[~placed[pending]]
+        slots[pending] = (slots[pending] + 1) & (size - 1)
+    return table, shift
+
+
+def _hash_lookup(
+    table: npt.NDArray[np.uint64], shift: int, keys: npt.NDArray[np.uint64], missing: int
+) -> npt.NDArray[np.int32]:
+    mask = len(table) - 1
+    slots = _slots(keys, shift)
+    entries = table[slots]
+    hit = (entries >> np.uint64(32)) == keys
+    result: npt.NDArray[np.int32] = (entries & np.uint64(0xFFFFFFFF)).astype(np.int32)
+    result[~hit] = missing
+    # At load factor 1/4 few keys need a second probe.
+    probe = np.flatnonzero(~hit & (entries != _EMPTY))
+    while probe.size:
+        slots[probe] = (slots[probe] + 1) & mask
+        entries = table[slots[probe]]
+        hit = (entries >> np.uint64(32)) == keys[probe]
+        result[probe[hit]] = (entries[hit] & np.uint64(0xFFFFFFFF)).astype(np.int32)
+        probe = probe[~hit & (entries != _EMPTY)]
+    return result

@@ -1,0 +1,265 @@
+"""Value sets for demos, benchmarks and tests: bundled real label sets and the
+paper's synthetic tool names (appendix C.2).
+
+Examples
+--------
+>>> from triemask.datasets import load_labels, synthetic_tools
+>>> len(load_labels("banking77")), synthetic_tools(3, seed=1)
+(77, ['stripe.fetch_payment', 'github.update_repository', 'microsoft.update_file'])
+"""
+
+from __future__ import annotations
+
+import gzip
+import random
+from importlib import resources
+
+__all__ = ["LABEL_SETS", "load_icd10cm", "load_labels", "synthetic_tools"]
+
+LABEL_SETS = ("trec", "massive", "banking77", "clinc150")
+
+# The paper's pools: 10 namespaces x 10 actions x 10 resources, 70% namespaced.
+_NAMESPACES = ["slack", "github", "stripe", "aws", "google", "microsoft", "salesforce", "jira", "notion", "discord"]
+_ACTIONS = ["get", "create", "update", "delete", "list", "search", "send", "fetch", "upload", "download"]
+_RESOURCES = ["user", "message", "file", "project", "issue", "payment", "invoice", "document", "channel", "repository"]
+# Extensions, used in this order once the paper's 1,100 names are not enough.
+_MORE_NAMESPACES = [
+    "zendesk",
+    "hubspot",
+    "shopify",
+    "twilio",
+    "dropbox",
+    "asana",
+    "trello",
+    "gitlab",
+    "bitbucket",
+    "azure",
+    "gcp",
+    "okta",
+    "auth0",
+    "datadog",
+    "pagerduty",
+    "sentry",
+    "figma",
+    "linear",
+    "airtable",
+    "mailchimp",
+    "sendgrid",
+    "intercom",
+    "freshdesk",
+    "monday",
+    "clickup",
+    "box",
+    "zoom",
+    "webex",
+    "teams",
+    "outlook",
+    "gmail",
+    "calendar",
+    "drive",
+    "sheets",
+    "docs",
+    "bigquery",
+    "snowflake",
+    "redshift",
+    "postgres",
+    "mysql",
+    "mongodb",
+    "redis",
+    "elastic",
+    "kafka",
+    "rabbitmq",
+    "s3",
+    "ec2",
+    "lambda",
+    "dynamodb",
+    "cloudwatch",
+    "iam",
+    "kubernetes",
+    "docker",
+    "terraform",
+    "ansible",
+    "jenkins",
+    "circleci",
+    "vercel",
+    "netlify",
+    "heroku",
+    "cloudflare",
+    "fastly",
+    "akamai",
+    "paypal",
+    "square",
+    "plaid",
+    "braintree",
+    "adyen",
+    "quickbooks",
+    "xero",
+    "netsuite",
+    "workday",
+    "bamboohr",
+    "greenhouse",
+    "lever",
+    "gusto",
+    "docusign",
+    "hellosign",
+    "pandadoc",
+    "confluence",
+    "miro",
+    "canva",
+    "spotify",
+    "youtube",
+    "twitter",
+    "linkedin",
+    "facebook",
+    "instagram",
+    "tiktok",
+    "reddit",
+    "telegram",
+    "whatsapp",
+    "signal",
+    "openai",
+    "anthropic",
+    "huggingface",
+    "pinecone",
+    "weaviate",
+    "supabase",
+    "firebase",
+    "segment",
+    "amplitude",
+    "mixpanel",
+    "tableau",
+    "looker",
+]
+_MORE_ACTIONS = [
+    "archive",
+    "restore",
+    "approve",
+    "reject",
+    "assign",
+    "unassign",
+    "share",
+    "export",
+    "import",
+    "sync",
+    "merge",
+    "close",
+    "open",
+    "lock",
+    "unlock",
+    "publish",
+    "schedule",
+    "cancel",
+    "retry",
+    "validate",
+]
+_MORE_RESOURCES = [
+    "team",
+    "workspace",
+    "comment",
+    "attachment",
+    "label",
+    "milestone",
+    "release",
+    "branch",
+    "commit",
+    "pipeline",
+    "deployment",
+    "ticket",
+    "customer",
+    "order",
+    "subscription",
+    "refund",
+    "product",
+    "price",
+    "coupon",
+    "report",
+    "dashboard",
+    "alert",
+    "incident",
+    "metric",
+    "log",
+    "event",
+    "webhook",
+    "token",
+    "key",
+    "secret",
+    "role",
+    "permission",
+    "group",
+    "folder",
+    "calendar",
+    "meeting",
+    "contact",
+    "lead",
+    "opportunity",
+    "account",
+    "campaign",
+    "task",
+    "note",
+    "page",
+    "database",
+    "table",
+    "record",
+    "bucket",
+    "instance",
+    "cluster",
+]
+_QUALIFIERS = ["_by_id", "_by_name", "_batch", "_v2", "_async", "_details", "_history", "_status", "_settings"]
+
+
+def _tool_space(k: int) -> list[str]:
+    """The smallest catalogue of tool names holding at least ``k`` names.
+
+    Up to 1,100 names this is exactly the paper's space. Beyond, the pools grow
+    one entry at a time, namespaces, actions and resources in turn (then a
+    qualifier suffix such as ``_by_id``), until the space holds ``k`` names, so
+    that a sample stays dense and keeps the paper's heavy prefix sharing.
+    """
+    namespaces, actions, resources, qualifiers = list(_NAMESPACES), list(_ACTIONS), list(_RESOURCES), [""]
+    pools = [(namespaces, _MORE_NAMESPACES), (actions, _MORE_ACTIONS), (resources, _MORE_RESOURCES)]
+
+    def size() -> int:
+        return (len(namespaces) + 1) * len(actions) * len(resources) * len(qualifiers)
+
+    turn = 0
+    while size() < k:
+        pool, extra = pools[turn % 3]
+        turn += 1
+        if len(pool) - 10 < len(extra):
+            pool.append(extra[len(pool) - 10])
+        elif all(len(p) - 10 >= len(x) for p, x in pools):
+            if len(qualifiers) > len(_QUALIFIERS):
+                raise ValueError(f"cannot generate {k} distinct tool names (at most {size()})")
+            qualifiers.append(_QUALIFIERS[len(qualifiers) - 1])
+    return [f"{n}.{a}_{r}{q}" for q in qualifiers for n in namespaces for a in actions for r in resources] + [
+        f"{a}_{r}{q}" for q in qualifiers for a in actions for r in resources
+    ]
+
+
+def synthetic_tools(k: int, seed: int = 0) -> list[str]:
+    """``k`` distinct synthetic tool names such as ``slack.get_user`` (paper, appendix C.2).
+
+    Names are ``<namespace>.<action>_<resource>`` or ``<action>_<resource>``, drawn
+    uniformly from the smallest catalogue that holds ``k`` names (see
+    ``_tool_space``): for ``k <= 1,100`` the paper's pools, beyond that pools
+    extended with real service names, more actions and resources, and finally
+    qualifier suffixes (up to about 1.26 million names).
+    """
+    return random.Random(seed).sample(_tool_space(k), k)
+
+
+def _read(name: str) -> bytes:
+    return resources.files("triemask").joinpath("data").joinpath(name).read_bytes()
+
+
+def load_labels(name: str) -> list[str]:
+    """A bundled classification label set: ``trec`` (42), ``massive`` (60),
+    ``banking77`` (77) or ``clinc150`` (150)."""
+    if name not in LABEL_SETS:
+        raise ValueError(f"unknown label set {name!r}; choose one of {', '.join(LABEL_SETS)}")
+    return _read(f"{name}_labels.txt").decode("utf-8").split()
+
+
+def load_icd10cm() -> list[str]:
+    """The 74,719 billable ICD-10-CM FY2026 codes, dotted (``E11.9``), in CMS order."""
+    return gzip.decompress(_read("icd10cm_codes.txt.gz")).decode("ascii").split()

@@ -1,0 +1,1 @@
+"""Engine adapters (transformers, vLLM, SGLang) live here; each imports its engine lazily."""

