@@ -95,6 +95,8 @@ def test_compile_options_and_values() -> None:
     assert as_bytes.values() == [b"\x00\xff", b"get"]
     state = as_bytes.next_state(as_bytes.next_state(0, 0), 255)
     assert as_bytes.value_of(state) == b"\x00\xff"
+    only_empty = compiler.compile([""], eos=False)  # no edges at all
+    assert only_empty.value_of(0) == "" and only_empty.allowed_token_ids(0).size == 0
     with_nul = compiler.compile(["a\x00b", "a"])
     assert with_nul.values() == ["a", "a\x00b"]
 

@@ -44,33 +44,40 @@ def spell(value: bytes, by_bytes: dict[bytes, list[int]]) -> list[int] | None:
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(table=vocabularies(), values=st.lists(byte_strings, min_size=1, max_size=8), seed=st.integers(0, 2**16))
-def test_random_vocabularies_and_sets(table: list[bytes | None], values: list[bytes], seed: int) -> None:
-    eos = len(table) - 1
-    vocab = Vocabulary(table, eos_token_ids=[eos], vocab_size=len(table) + 3)
-    oracle = Oracle(table, values, [eos])
+@given(
+    table=vocabularies(),
+    values=st.lists(byte_strings, min_size=1, max_size=8),
+    eos=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_random_vocabularies_and_sets(table: list[bytes | None], values: list[bytes], eos: bool, seed: int) -> None:
+    eos_id = len(table) - 1
+    vocab = Vocabulary(table, eos_token_ids=[eos_id], vocab_size=len(table) + 3)
+    oracle = Oracle(table, values, [eos_id])
     spellings = {v: spell(v, oracle.by_bytes) for v in set(values)}
     try:
-        automaton = Compiler(vocab).compile(values)
+        automaton = Compiler(vocab).compile(values, eos=eos)
     except IncompatibleValueError as err:
         assert spellings[err.value] is None  # type: ignore[index]  # the error names a truly unspellable value
         return
     assert all(s is not None for s in spellings.values())  # no unspellable value slipped through
 
-    states = check_against_oracle(automaton, table, values, [eos])
-    assert {automaton.value_of(s) for s in states if automaton.is_final(s)} == set(values)
-    for state in states:  # never stuck: every non-final state allows some token
-        assert automaton.is_final(state) or automaton.allowed_token_ids(state).size
+    states = check_against_oracle(automaton, table, values, [eos_id])
+    completed = {automaton.value_of(s) for s in states if automaton.is_accepting(s)}
+    assert completed == set(values)
+    for state in states:  # never stuck: a state either allows a token or ends a value
+        assert automaton.allowed_token_ids(state).size or automaton.is_accepting(state)
+    end = [eos_id] if eos else []
 
     # every value through a tokenization of its own, and byte by byte when bytes are tokens
     for value, spelling in spellings.items():
         assert spelling is not None
         matcher = Matcher(automaton, max_rollback=64)
-        assert matcher.accept_tokens([*spelling, eos]) == len(spelling) + 1 and matcher.value == value
+        assert matcher.accept_tokens([*spelling, *end]) == len(spelling) + len(end) and matcher.value == value
         byte_ids = [oracle.by_bytes.get(bytes([b]), [None])[0] for b in value]
         if None not in byte_ids:
             matcher.reset()
-            assert matcher.accept_tokens([*byte_ids, eos]) == len(value) + 1 and matcher.value == value
+            assert matcher.accept_tokens([*byte_ids, *end]) == len(value) + len(end) and matcher.value == value
 
     # random walks over allowed tokens only ever complete to set members; the
     # matcher agrees with the automaton, rejected tokens included
@@ -78,7 +85,7 @@ def test_random_vocabularies_and_sets(table: list[bytes | None], values: list[by
     for _ in range(5):
         matcher = Matcher(automaton, max_rollback=64)
         state = automaton.initial_state
-        while not automaton.is_final(state):
+        while automaton.allowed_token_ids(state).size and not (automaton.is_accepting(state) and rng.random() < 0.2):
             token = rng.randrange(len(table) + 3)
             if rng.random() < 0.7:
                 token = rng.choice(automaton.allowed_token_ids(state).tolist())

@@ -248,3 +248,12 @@ def test_from_tiktoken_and_mistral_errors() -> None:
         Vocabulary.from_tiktoken(object())
     with pytest.raises(VocabularyError, match="unsupported mistral_common tokenizer"):
         Vocabulary.from_mistral(object())
+
+
+def test_byte_level_alphabet() -> None:
+    from triemask._formats import byte_level_decoder, decode_byte_level
+
+    table = byte_level_decoder()
+    assert len(table) == 256 and sorted(table.values()) == list(range(256))
+    assert decode_byte_level("\u0120hello\u010a") == b" hello\n"  # "Ġhello" + "Ċ"
+    assert decode_byte_level("\u200d") == "\u200d".encode()  # outside the alphabet: raw UTF-8, like HF

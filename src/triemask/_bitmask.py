@@ -15,6 +15,8 @@ from ._errors import BitmaskError
 
 __all__ = ["allocate_token_bitmask", "as_bitmask_array", "bitmask_width"]
 
+_INT32 = np.dtype(np.int32)
+
 
 def bitmask_width(vocab_size: int) -> int:
     """Number of ``int32`` words per bitmask row: ``ceil(vocab_size / 32)``."""
@@ -46,7 +48,7 @@ def as_bitmask_array(bitmask: Any, vocab_size: int) -> npt.NDArray[np.int32]:
     width = (vocab_size + 31) // 32
     if (
         type(bitmask) is np.ndarray
-        and bitmask.dtype == np.int32
+        and bitmask.dtype is _INT32
         and bitmask.ndim == 2
         and bitmask.shape[1] == width
         and bitmask.flags.c_contiguous

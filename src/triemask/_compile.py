@@ -13,9 +13,9 @@ token id is an allowed edge ``a --token--> m``. The work is proportional to the
 number of (node, token-suffix) pairs, about trie nodes x average token length,
 and independent of the vocabulary size.
 
-Because nodes are numbered breadth-first, each level's frontier stays sorted by
-``a``, so the edges are grouped by node with a counting sort and no comparison
-sort. Within a node, edges are ordered by token length, then by token bytes.
+Each edge is packed into one uint64, ``source | token | destination``, so one
+sort lays the edges out by node with token ids ascending; the bitmask words of a
+node then follow from one ``bitwise_or.reduceat`` over adjacent tokens.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class _EdgeKeys:
         self, batches: list[npt.NDArray[np.uint64]], num_nodes: int
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """Sort the keys and split them into CSR arrays (tokens, destinations, offsets)."""
-        keys = np.concatenate(batches)
+        keys = np.concatenate(batches) if batches else np.zeros(0, dtype=np.uint64)
         keys.sort()
         sources = keys >> self.source_shift
         tokens = ((keys >> self.token_shift) & np.uint64((1 << self.token_bits) - 1)).astype(np.int32)

@@ -45,15 +45,17 @@ def byte_level_decoder() -> dict[str, int]:
 
 
 def decode_byte_level(token: str) -> bytes:
-    """Decode one byte-level BPE token string (``"Ġhello"`` -> ``b" hello"``)."""
+    """Decode one byte-level BPE token string (``"Ġhello"`` -> ``b" hello"``).
+
+    A token with a character outside the byte-level alphabet is taken as raw UTF-8
+    text, as the Hugging Face ``ByteLevel`` decoder does (some vocabularies hold a
+    few such tokens, e.g. ``"\u200d"`` in Command-R's).
+    """
     table = byte_level_decoder()
     try:
         return bytes(table[ch] for ch in token)
-    except KeyError as exc:
-        raise VocabularyError(
-            f"token {token!r} has character {exc.args[0]!r}, which is not in the byte-level "
-            "BPE alphabet; is this tokenizer really byte-level?"
-        ) from None
+    except KeyError:
+        return token.encode("utf-8")
 
 
 def decode_sentencepiece_piece(piece: str, *, byte_fallback: bool = True) -> bytes:

@@ -147,7 +147,7 @@ class TokenIndex:
 
     def step(self, nodes: npt.NDArray[np.int32], bytes_: npt.NDArray[np.uint8], level: int) -> npt.NDArray[np.int32]:
         """Children ``nodes[i] --bytes_[i]-->``; the sentinel ``num_nodes`` where there
-        is none. All ``nodes`` are at depth ``level`` (the sentinel is allowed)."""
+        is none. All ``nodes`` are at depth ``level``."""
         if level < self.dense_levels:
             children: npt.NDArray[np.int32] = self.dense[(nodes.astype(np.int64) << 8) | bytes_]
             return children
