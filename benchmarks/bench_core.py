@@ -56,6 +56,43 @@ def decoding_steps(automaton: TrieAutomaton, tokenizer: Any, values: list[str], 
     return steps
 
 
+def measure_compile(compiler: Compiler, tokenizer: Any, k: int, repeats: int) -> dict[str, Any]:
+    """Compile time, structure and per-step cost for K synthetic tools."""
+    values = synthetic_tools(k, seed=0)
+    eos = compiler.vocab.eos_token_ids[0]
+    gc.collect()
+    compile_s = median_seconds(lambda: compiler.compile(values), repeats)
+    automaton = compiler.compile(values)
+    stats = automaton.stats()
+    steps = decoding_steps(automaton, tokenizer, values[:200], eos)
+    sequences = [[*tokenizer.encode(value), eos] for value in values[:200]]
+    bitmask = allocate_token_bitmask(1, compiler.vocab.vocab_size)
+
+    def step() -> None:  # the automaton's own API, one request
+        for state, token in steps:
+            automaton.next_state(state, token)
+            automaton.fill_bitmask(bitmask, (state,))
+
+    def matcher_step() -> None:  # through a Matcher, as an engine adapter would
+        for sequence in sequences:
+            matcher = Matcher(automaton)
+            for token in sequence:
+                matcher.fill_next_token_bitmask(bitmask)
+                matcher.accept_token(token)
+
+    return {
+        "k": k,
+        "compile_ms": compile_s * 1e3,
+        "nodes": stats["trie_nodes"],
+        "r": stats["prefix_sharing_ratio"],
+        "edges": stats["edges"],
+        "memory_bytes": stats["memory_bytes"],
+        "step_us": median_seconds(step, repeats=21) / len(steps) * 1e6,
+        "matcher_step_us": median_seconds(matcher_step, repeats=21) / len(steps) * 1e6,
+        "valid_by_depth": stats["valid_by_depth"],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="K up to 10,000 and fewer repeats")
@@ -87,53 +124,12 @@ def main() -> None:
         f"{'step us':>8} {'matcher us':>11}"
     )
     rows = []
-    automata: dict[int, TrieAutomaton] = {}
     for k in sizes:
-        values = synthetic_tools(k, seed=0)
-        repeats = 3 if k >= 50_000 else (5 if args.quick else 11)
-        gc.collect()
-        compile_s = median_seconds(lambda values=values: compiler.compile(values), repeats)
-        automaton = compiler.compile(values)
-        automata[k] = automaton
-        stats = automaton.stats()
-        steps = decoding_steps(automaton, tokenizer, values[:200], eos)
-        bitmask = allocate_token_bitmask(1, vocab.vocab_size)
-
-        def step(
-            automaton: TrieAutomaton = automaton, steps: list[tuple[int, int]] = steps, bitmask: np.ndarray = bitmask
-        ) -> None:
-            for state, token in steps:
-                automaton.next_state(state, token)
-                automaton.fill_bitmask(bitmask, (state,))
-
-        sequences = [[*tokenizer.encode(value), eos] for value in values[:200]]
-
-        def matcher_step(
-            automaton: TrieAutomaton = automaton, sequences: list[list[int]] = sequences, bitmask: np.ndarray = bitmask
-        ) -> None:
-            for sequence in sequences:
-                matcher = Matcher(automaton)
-                for token in sequence:
-                    matcher.fill_next_token_bitmask(bitmask)
-                    matcher.accept_token(token)
-
-        step_us = median_seconds(step, repeats=7) / len(steps) * 1e6
-        matcher_us = median_seconds(matcher_step, repeats=7) / len(steps) * 1e6
-        row = {
-            "k": k,
-            "compile_ms": compile_s * 1e3,
-            "nodes": stats["trie_nodes"],
-            "r": stats["prefix_sharing_ratio"],
-            "edges": stats["edges"],
-            "memory_bytes": stats["memory_bytes"],
-            "step_us": step_us,
-            "matcher_step_us": matcher_us,
-            "valid_by_depth": stats["valid_by_depth"],
-        }
+        row = measure_compile(compiler, tokenizer, k, repeats=3 if k >= 50_000 else (5 if args.quick else 11))
         rows.append(row)
         print(
             f"{k:>8,} {row['compile_ms']:>11.2f} {row['nodes']:>9,} {row['r']:>6.3f} {row['edges']:>10,} "
-            f"{row['memory_bytes'] / 1e6:>10.2f} {step_us:>8.2f} {matcher_us:>11.2f}"
+            f"{row['memory_bytes'] / 1e6:>10.2f} {row['step_us']:>8.2f} {row['matcher_step_us']:>11.2f}"
         )
     results["compile"] = rows
 
@@ -141,15 +137,17 @@ def main() -> None:
     print(f"{'B':>6} " + " ".join(f"{'K=' + format(k, ','):>12}" for k in (1_000, 10_000)))
     batch_rows = []
     rng = np.random.default_rng(0)
+    gc.collect()
+    batch_automata = {k: compiler.compile(synthetic_tools(k, seed=0)) for k in (1_000, 10_000)}
     for batch in BATCHES:
         row: dict[str, Any] = {"batch": batch}
         for k in (1_000, 10_000):
-            automaton = automata[k]
+            automaton = batch_automata[k]
             pool = np.array([s for s, _ in decoding_steps(automaton, tokenizer, synthetic_tools(k)[:300], eos)])
             states = rng.choice(pool, batch)
             bitmask = allocate_token_bitmask(batch, vocab.vocab_size)
             row[f"k{k}_us"] = (
-                median_seconds(lambda a=automaton, s=states, b=bitmask: a.fill_bitmask(b, s), repeats=7, number=50)
+                median_seconds(lambda a=automaton, s=states, b=bitmask: a.fill_bitmask(b, s), repeats=21, number=20)
                 * 1e6
             )
         batch_rows.append(row)
