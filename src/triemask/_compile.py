@@ -102,8 +102,8 @@ class Compiler:
                 "compile(eos=True) needs EOS token ids, and this vocabulary has none: "
                 "build the Vocabulary with eos_token_ids=..., or compile with eos=False"
             )
-        items, flat, starts, are_str = _encode_values(values)
-        trie = build_trie(flat, starts)
+        items, strings, flat, starts, are_str = _encode_values(values)
+        trie = build_trie(flat, starts, strings=strings)
         n, k = trie.num_nodes, trie.num_strings
         keys = _EdgeKeys(n, n + k, self._vocab.vocab_size)
         found = _match(trie, self._index, keys)
@@ -148,9 +148,9 @@ class Compiler:
 
 def _encode_values(
     values: Iterable[str] | Iterable[bytes],
-) -> tuple[list[Any], npt.NDArray[np.uint8], npt.NDArray[np.int64], bool]:
-    """The values as one UTF-8 byte buffer plus offsets, without a Python loop
-    over the values when they hold no NUL character."""
+) -> tuple[list[Any], list[bytes], npt.NDArray[np.uint8], npt.NDArray[np.int64], bool]:
+    """The values as UTF-8: a list of bytes, and one buffer plus offsets, without
+    a Python loop over the values when they hold no NUL character."""
     if isinstance(values, (str, bytes, bytearray)):
         raise ValueSetError(
             f"values must be an iterable of strings, got a single {type(values).__name__} {values[:40]!r}; "
@@ -188,10 +188,11 @@ def _encode_values(
     cuts = np.flatnonzero(raw == 0)
     k = len(items)
     if len(cuts) != k - 1:  # some value holds a NUL: encode one by one
-        encoded = [item.encode("utf-8") if are_str else bytes(item) for item in items]
-        flat = np.frombuffer(b"".join(encoded), dtype=np.uint8)
-        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=k)
+        strings = [item.encode("utf-8") if are_str else bytes(item) for item in items]
+        flat = np.frombuffer(b"".join(strings), dtype=np.uint8)
+        lengths = np.fromiter(map(len, strings), dtype=np.int64, count=k)
     else:
+        strings = data.split(b"\x00")
         keep = np.ones(len(raw), dtype=bool)
         keep[cuts] = False
         flat = raw[keep]
@@ -199,7 +200,7 @@ def _encode_values(
         lengths = np.diff(bounds) - 1
     starts = np.zeros(k + 1, dtype=np.int64)
     np.cumsum(lengths, out=starts[1:])
-    return items, flat, starts, are_str
+    return items, strings, flat, starts, are_str
 
 
 # --------------------------------------------------------------------------- matching

@@ -72,7 +72,11 @@ class ByteTrie:
 
 
 def _sorted_unique_matrix(
-    flat_in: npt.NDArray[np.uint8], starts_in: npt.NDArray[np.int64], width: int, return_inverse: bool
+    flat_in: npt.NDArray[np.uint8],
+    starts_in: npt.NDArray[np.int64],
+    width: int,
+    return_inverse: bool,
+    strings: list[bytes] | None,
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64] | None]:
     """Sort and deduplicate as rows of a fixed-width numpy byte-string array.
 
@@ -82,10 +86,13 @@ def _sorted_unique_matrix(
     """
     k = len(starts_in) - 1
     lengths_in = np.diff(starts_in)
-    matrix = np.zeros((k, width), dtype=np.uint8)
-    shift = np.arange(k, dtype=np.int64) * width - starts_in[:-1]
-    matrix.reshape(-1)[np.arange(len(flat_in)) + np.repeat(shift, lengths_in)] = flat_in
     spread = bool((flat_in == 0).any())
+    if strings is not None and not spread:  # numpy pads a list of bytes in C
+        matrix = np.array(strings, dtype=f"S{width}").view(np.uint8).reshape(k, width)
+    else:
+        matrix = np.zeros((k, width), dtype=np.uint8)
+        shift = np.arange(k, dtype=np.int64) * width - starts_in[:-1]
+        matrix.reshape(-1)[np.arange(len(flat_in)) + np.repeat(shift, lengths_in)] = flat_in
     if spread:
         valid = np.arange(width) < lengths_in[:, None]
         wide = np.zeros((k, 2 * width), dtype=np.uint8)
@@ -149,7 +156,13 @@ def _neighbour_lcp(flat: npt.NDArray[np.uint8], lengths: npt.NDArray[np.int64]) 
     return lcp
 
 
-def build_trie(flat: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], *, return_inverse: bool = False) -> ByteTrie:
+def build_trie(
+    flat: npt.NDArray[np.uint8],
+    starts: npt.NDArray[np.int64],
+    *,
+    return_inverse: bool = False,
+    strings: list[bytes] | None = None,
+) -> ByteTrie:
     """Build the breadth-first byte trie of a set of strings (duplicates collapse).
 
     Parameters
@@ -159,6 +172,9 @@ def build_trie(flat: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], *, re
         At least one string; the empty string is allowed (it ends at the root).
     return_inverse : bool
         Also return, for each input, the index of its distinct string.
+    strings : list of bytes, optional
+        The same strings as Python bytes, when the caller has them (numpy pads
+        those faster than it scatters ``flat``).
     """
     k_in = len(starts) - 1
     width = int(np.diff(starts).max())
@@ -166,7 +182,7 @@ def build_trie(flat: npt.NDArray[np.uint8], starts: npt.NDArray[np.int64], *, re
     # The padded matrix wastes little when lengths are alike (value sets); ragged
     # sets (vocabularies: a few 128-byte tokens among 6-byte ones) sort in Python.
     if width > 0 and cells <= _MAX_MATRIX_CELLS and cells <= 4 * len(flat) + k_in:
-        flat, lengths, lcp, inverse = _sorted_unique_matrix(flat, starts, width, return_inverse)
+        flat, lengths, lcp, inverse = _sorted_unique_matrix(flat, starts, width, return_inverse, strings)
     else:
         flat, lengths, lcp, inverse = _sorted_unique_python(flat, starts, return_inverse)
     k = len(lengths)
