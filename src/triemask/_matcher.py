@@ -6,6 +6,9 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
+
 from ._automaton import DEAD, TrieAutomaton
 from ._bitmask import as_bitmask_array
 from ._errors import StateError
@@ -116,7 +119,7 @@ class Matcher:
             self._automaton.allowed_token_ids(self._state).size == 0 and self._automaton.is_accepting(self._state)
         )
 
-    def allowed_token_ids(self) -> Any:
+    def allowed_token_ids(self) -> npt.NDArray[np.int32]:
         """Ids allowed next, ascending."""
         return self._automaton.allowed_token_ids(self._state)
 
