@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-peers lint typecheck bench-core clean
+.PHONY: demo test test-peers lint typecheck bench bench-quick clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -38,8 +38,18 @@ test-peers: $(VENV)/.installed-test
 	$(PIP) install --quiet -e '.[peers]'
 	$(PY) -m pytest -q -m peers
 
-bench-core: $(VENV)/.installed-demo
-	$(PY) benchmarks/bench_core.py
+# The benchmark suite: triemask side by side with xgrammar, llguidance and outlines-core
+# (torch CPU pinned before xgrammar). Results land in benchmarks/results/.
+$(VENV)/.installed-bench: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[bench]'
+	touch $@
+
+bench-quick: $(VENV)/.installed-bench
+	$(PY) -m benchmarks --quick
+
+bench: $(VENV)/.installed-bench
+	$(PY) -m benchmarks
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -21,6 +21,7 @@ from triemask import (
     ValueSetError,
     Vocabulary,
 )
+from triemask._automaton import _ROW_BY_ROW
 from triemask.datasets import load_icd10cm, load_labels, synthetic_tools
 
 VALUE_SETS: dict[str, list[str]] = {
@@ -176,8 +177,12 @@ def test_automaton_is_immutable_and_rejects_bad_states() -> None:
         automaton.next_state(99, 0)
     with pytest.raises(StateError, match="state -2 is not a state"):
         automaton.allowed_token_ids(-2)
-    with pytest.raises(StateError, match="states must be a 1-D array of integers"):
+    with pytest.raises(StateError, match="integers"):
         automaton.next_states([0.5], [1])
+    with pytest.raises(StateError, match="integers"):
+        automaton.next_states([0.5] * 20, [1] * 20)
+    with pytest.raises(StateError, match="integers"):
+        automaton.next_states([0], [1.0])  # a float token is not truncated
     with pytest.raises(IndexError):
         automaton.value(5)
 
@@ -190,3 +195,6 @@ def test_next_states_batch_matches_next_state() -> None:
     tokens = rng.choice([ord("g"), ord("u"), 257, 258, 259, 263, 264], 500)
     expected = [automaton.next_state(int(s), int(t)) for s, t in zip(states, tokens, strict=True)]
     assert automaton.next_states(states, tokens).tolist() == expected
+    for size in (1, 2, _ROW_BY_ROW, _ROW_BY_ROW + 1):  # the row-by-row and the vectorised paths
+        assert automaton.next_states(states[:size], tokens[:size]).tolist() == expected[:size]
+        assert automaton.next_states(list(states[:size]), list(tokens[:size])).dtype == np.int32

@@ -22,7 +22,7 @@ def test_accept_reject_and_value(matcher: Matcher) -> None:
     assert matcher.state == 0 and matcher.value is None
     assert matcher.accept_token(GET) and matcher.value == "get"
     state = matcher.state
-    for rejected in (ord("x"), USER, -5, 10**12, "x", 3.5):
+    for rejected in (ord("x"), USER, -5, 10**12, "x", 3.5, float(ord("_"))):  # a float is not truncated
         assert not matcher.accept_token(rejected)  # type: ignore[arg-type]  # never raises
         assert matcher.state == state
     assert matcher.accept_tokens([ord("_"), USER, ord("s"), eos, ord("s")]) == 4

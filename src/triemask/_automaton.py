@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._bitmask import as_bitmask_array, bitmask_width
+from ._bitmask import _INT32, as_bitmask_array, bitmask_width
 from ._errors import StateError
 
 __all__ = ["DEAD", "TrieAutomaton"]
@@ -18,7 +19,17 @@ DEAD = -1
 """The state a rejected token leads to. Nothing is allowed in it."""
 
 _IntArray = npt.NDArray[np.integer[Any]]
-_ROW_BY_ROW = 4  # fill_bitmask writes batches up to this size row by row
+
+
+def _state_index(state: Any) -> int:
+    """``state`` as an int; floats and other non-integers are rejected, not truncated."""
+    try:
+        return operator.index(state)
+    except TypeError:
+        raise StateError(f"states must be integers, got {state!r}") from None
+
+
+_ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
 
 
 class TrieAutomaton:
@@ -229,6 +240,19 @@ class TrieAutomaton:
 
     def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
         """Vectorised :meth:`next_state` over a batch (DEAD where rejected)."""
+        if (
+            isinstance(states, list | tuple | np.ndarray)
+            and isinstance(token_ids, list | tuple | np.ndarray)
+            and len(states) == len(token_ids) <= _ROW_BY_ROW
+        ):
+            # a few rows: a bisect per row beats a dozen NumPy calls
+            values = states.tolist() if isinstance(states, np.ndarray) else states
+            tokens_list = token_ids.tolist() if isinstance(token_ids, np.ndarray) else token_ids
+            following = [
+                self.next_state(_state_index(state), _state_index(token))
+                for state, token in zip(values, tokens_list, strict=True)
+            ]
+            return np.array(following, dtype=np.int32)
         nodes = self._nodes(states)
         tokens = np.asarray(token_ids)
         if tokens.shape != nodes.shape:
@@ -313,12 +337,31 @@ class TrieAutomaton:
         rows : sequence of int, optional
             The rows to write, one per state (distinct); default ``0 .. len(states) - 1``.
         """
+        if (  # one request per call, the per-step path: as_bitmask_array's checks, inlined
+            rows is None
+            and len(states) == 1
+            and type(bitmask) is np.ndarray
+            and bitmask.dtype is _INT32
+            and bitmask.ndim == 2
+            and bitmask.shape[1] == self._width
+        ):
+            flags = bitmask.flags
+            if flags.c_contiguous and flags.writeable:  # _fill_row, inlined: this path is per token
+                state = states[0]
+                if type(state) is not int:
+                    state = _state_index(state)
+                row = bitmask[0]
+                row.fill(0)
+                if 0 <= state < self._num_nodes:
+                    lo = self._mask_offsets_view[state]
+                    hi = self._mask_offsets_view[state + 1]
+                    row[self._mask_words[lo:hi]] = self._mask_bits[lo:hi]
+                else:
+                    self._node(state)
+                return
         array = as_bitmask_array(bitmask, self._vocab_size)
-        if rows is None and len(states) <= _ROW_BY_ROW:  # a few rows: numpy call overhead dominates
-            if len(states) > array.shape[0]:
-                raise StateError(f"{len(states)} states but the bitmask has only {array.shape[0]} rows")
-            for i, state in enumerate(states):
-                self._fill_row(array[i], int(state))
+        if len(states) <= _ROW_BY_ROW:  # a few rows: numpy call overhead dominates
+            self._fill_rows(array, states, rows)
             return
         nodes = self._nodes(states)
         batch = len(nodes)
@@ -339,6 +382,8 @@ class TrieAutomaton:
                 )
             if batch and (int(row_ids.min()) < 0 or int(row_ids.max()) >= array.shape[0]):
                 raise StateError(f"rows must lie in [0, {array.shape[0]}), got min {row_ids.min()} max {row_ids.max()}")
+            if np.unique(row_ids).size != batch:
+                raise StateError("rows must be distinct (each row receives one state's mask)")
             array[row_ids] = 0
             row_base = row_ids.astype(np.int64) * self._width
         bounds = self._mask_bounds[nodes]  # (batch, 2): first and past-last mask word
@@ -348,6 +393,42 @@ class TrieAutomaton:
         if total:
             index = np.arange(total) + np.repeat(bounds[:, 1] - ends, counts)
             array.reshape(-1)[np.repeat(row_base, counts) + self._mask_words[index]] = self._mask_bits[index]
+
+    def _fill_rows(self, array: npt.NDArray[np.int32], states: Any, rows: Any) -> None:
+        """fill_bitmask for a few rows: one zeroing call, then one scatter per row."""
+        count = len(states)
+        if count > array.shape[0]:
+            raise StateError(f"{count} states but the bitmask has only {array.shape[0]} rows")
+        values = [_state_index(state) for state in (states.tolist() if isinstance(states, np.ndarray) else states)]
+        if rows is None:
+            targets: Sequence[int] = range(count)
+            array[:count].fill(0)
+        else:
+            targets = self._few_rows(rows, count, array.shape[0])
+            array[targets] = 0
+        offsets, words, bits, num_nodes = self._mask_offsets_view, self._mask_words, self._mask_bits, self._num_nodes
+        for row, state in zip(targets, values, strict=True):
+            if 0 <= state < num_nodes:
+                lo = offsets[state]
+                hi = offsets[state + 1]
+                array[row][words[lo:hi]] = bits[lo:hi]
+            else:
+                self._node(state)  # raises for ids that are no state
+
+    @staticmethod
+    def _few_rows(rows: Any, count: int, height: int) -> list[int]:
+        """``rows`` as a list of ``count`` distinct row indices in ``[0, height)``."""
+        try:
+            targets = [operator.index(row) for row in rows]
+        except TypeError:
+            raise StateError(f"rows must be {count} integers (one per state), got {rows!r}") from None
+        if len(targets) != count:
+            raise StateError(f"rows must be {count} integers (one per state), got {len(targets)}")
+        if any(not 0 <= row < height for row in targets):
+            raise StateError(f"rows must lie in [0, {height}), got {targets}")
+        if len(set(targets)) != count:
+            raise StateError(f"rows must be distinct, got {targets}")
+        return targets
 
     def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
         """Overwrite one bitmask row (a 1-D int32 view) with ``state``'s mask."""

@@ -46,15 +46,10 @@ def as_bitmask_array(bitmask: Any, vocab_size: int) -> npt.NDArray[np.int32]:
     ``bitmask``, so writing it writes the caller's buffer.
     """
     width = (vocab_size + 31) // 32
-    if (
-        type(bitmask) is np.ndarray
-        and bitmask.dtype is _INT32
-        and bitmask.ndim == 2
-        and bitmask.shape[1] == width
-        and bitmask.flags.c_contiguous
-        and bitmask.flags.writeable
-    ):
-        return bitmask  # the common case, checked cheaply
+    if type(bitmask) is np.ndarray and bitmask.dtype is _INT32 and bitmask.ndim == 2:
+        flags = bitmask.flags  # one flags object for both checks
+        if bitmask.shape[1] == width and flags.c_contiguous and flags.writeable:
+            return bitmask  # the common case, checked cheaply
     expected = f"an int32 array of shape (batch, {width}) = (batch, ceil(vocab_size={vocab_size} / 32)), C-contiguous"
     if type(bitmask).__module__.split(".")[0] == "torch":
         device = str(bitmask.device)

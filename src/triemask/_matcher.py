@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -71,7 +72,7 @@ class Matcher:
         """Advance by one token. Returns False, leaving the state unchanged, when the
         token is not allowed (any integer is accepted as input; none raises)."""
         try:
-            following = self._automaton.next_state(self._state, int(token_id))
+            following = self._automaton.next_state(self._state, operator.index(token_id))
         except (TypeError, ValueError, OverflowError):
             return False
         if following == DEAD:

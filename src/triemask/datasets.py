@@ -14,7 +14,7 @@ import gzip
 import random
 from importlib import resources
 
-__all__ = ["LABEL_SETS", "load_icd10cm", "load_labels", "synthetic_tools"]
+__all__ = ["LABEL_SETS", "load_icd10cm", "load_labels", "synthetic_products", "synthetic_tools"]
 
 LABEL_SETS = ("trec", "massive", "banking77", "clinc150")
 
@@ -246,6 +246,37 @@ def synthetic_tools(k: int, seed: int = 0) -> list[str]:
     qualifier suffixes (up to about 1.26 million names).
     """
     return random.Random(seed).sample(_tool_space(k), k)
+
+
+# Product names (paper, appendix C.2): category > brand > adjective and model number > colour.
+_CATEGORIES = {
+    "Electronics": ["Sony", "Samsung", "Apple", "LG", "Bose", "Philips"],
+    "Home & Kitchen": ["KitchenAid", "Dyson", "Ninja", "Cuisinart", "Breville", "OXO"],
+    "Sports": ["Nike", "Adidas", "Puma", "Wilson", "Yeti", "Garmin"],
+    "Toys": ["Lego", "Mattel", "Hasbro", "Bandai", "Ravensburger", "Melissa & Doug"],
+    "Books": ["Penguin", "HarperCollins", "Vintage", "Tor", "Scholastic", "O'Reilly"],
+    "Beauty": ["L'Oréal", "Nivea", "Clinique", "Dove", "Olay", "Neutrogena"],
+}
+_ADJECTIVES = ["Premium", "Classic", "Pro", "Ultra", "Compact", "Deluxe", "Essential", "Smart"]
+_COLOURS = ["Black", "White", "Silver", "Red", "Blue", "Green", "Graphite", "Rose Gold"]
+
+
+def synthetic_products(k: int = 1_500, seed: int = 0) -> list[str]:
+    """``k`` distinct synthetic product names such as ``Electronics > Sony > Premium 4823 > Black``.
+
+    Category x brand x adjective x four-digit model number x colour (paper, appendix C.2):
+    natural-language-like values whose category and brand prefixes are shared.
+    """
+    if not 0 <= k <= 100_000:
+        raise ValueError(f"k must lie in [0, 100000], got {k}")
+    rng = random.Random(seed)
+    names: dict[str, None] = {}  # insertion-ordered, so the result does not depend on string hashing
+    catalogue = [(category, brand) for category, brands in _CATEGORIES.items() for brand in brands]
+    while len(names) < k:
+        category, brand = rng.choice(catalogue)
+        model = f"{rng.choice(_ADJECTIVES)} {rng.randrange(1000, 10000)}"
+        names[f"{category} > {brand} > {model} > {rng.choice(_COLOURS)}"] = None
+    return list(names)
 
 
 def _read(name: str) -> bytes:
