@@ -327,58 +327,58 @@ def summary(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _line_plot(
+    path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]], limits: bool = False
+) -> None:
+    """One log-log figure with a line per engine (and the provider limits, on compile plots)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for engine, points in series.items():
+        if points:
+            ax.plot(*zip(*points, strict=True), marker="o", label=engine)
+    ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel, title=title)
+    if limits:
+        for label, k in PROVIDER_LIMITS.items():
+            ax.axvline(k, linestyle=":", color="grey")
+            ax.text(k, ax.get_ylim()[1], label, rotation=90, va="top", ha="right", fontsize=7, color="grey")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plots(results: dict[str, Any], out: Path, name: str) -> None:
     """compile time vs K (log-log, provider limits), per-step vs K, batch fill vs B."""
     try:
         import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib is not installed: no plots (pip install -e '.[bench]')")
         return
+    matplotlib.use("Agg")
     if "compile" in results:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for engine, sweep in results["compile"].items():
-            points = [(int(k), e["compile_s"]) for k, e in sweep["sizes"].items() if e["status"] == "ok"]
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=engine)
-        for label, k in PROVIDER_LIMITS.items():
-            ax.axvline(k, linestyle=":", color="grey")
-            ax.text(k, ax.get_ylim()[1], label, rotation=90, va="top", ha="right", fontsize=7, color="grey")
-        ax.set(xscale="log", yscale="log", xlabel="K (values)", ylabel="compile time (s)")
-        ax.set_title(f"Compile time vs K ({results['vocabulary']}, synthetic tools)")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / f"{name}-compile.png", dpi=120)
-        plt.close(fig)
+        series = {
+            engine: [(int(k), e["compile_s"]) for k, e in sweep["sizes"].items() if e["status"] == "ok"]
+            for engine, sweep in results["compile"].items()
+        }
+        title = f"Compile time vs K ({results['vocabulary']}, synthetic tools)"
+        _line_plot(out / f"{name}-compile.png", title, "K (values)", "compile time (s)", series, limits=True)
     if "decode" in results:
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        engines = {n for e in results["decode"].values() for n in e["engines"]}
-        for engine in sorted(engines):
-            points = [
+        decode = results["decode"]
+        engines = list(dict.fromkeys(n for e in decode.values() for n in e["engines"]))
+        series = {
+            engine: [
                 (int(k), e["engines"][engine]["per_step_s"] * 1e6)
-                for k, e in results["decode"].items()
+                for k, e in decode.items()
                 if "per_step_s" in e["engines"].get(engine, {})
             ]
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=engine)
-        ax.set(xscale="log", yscale="log", xlabel="K (values)", ylabel="per step (µs)")
-        ax.set_title("Per-step mask + advance")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(out / f"{name}-per-step.png", dpi=120)
-        plt.close(fig)
-        for k, entry in results["decode"].items():
+            for engine in engines
+        }
+        _line_plot(out / f"{name}-per-step.png", "Per-step mask + advance", "K (values)", "per step (µs)", series)
+        for k, entry in decode.items():
             batched = {n: m["batch"] for n, m in entry["engines"].items() if "batch" in m}
             if not batched or len(next(iter(batched.values()))) < 2:
                 continue
-            fig, ax = plt.subplots(figsize=(7, 4.5))
-            for engine, batch in batched.items():
-                ax.plot([int(b) for b in batch], [x["fill_s"] * 1e6 for x in batch.values()], marker="o", label=engine)
-            ax.set(xscale="log", yscale="log", xlabel="batch size B", ylabel="fill per batch step (µs)")
-            ax.set_title(f"Batch mask fill, K = {int(k):,}")
-            ax.legend()
-            fig.tight_layout()
-            fig.savefig(out / f"{name}-batch-{k}.png", dpi=120)
-            plt.close(fig)
+            series = {n: [(int(b), x["fill_s"] * 1e6) for b, x in batch.items()] for n, batch in batched.items()}
+            title = f"Batch mask fill, K = {int(k):,}"
+            _line_plot(out / f"{name}-batch-{k}.png", title, "batch size B", "fill per batch step (µs)", series)
