@@ -15,7 +15,9 @@ $(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install --quiet -e '.[demo]'
 	touch $@
 
+# torch is pinned to the CPU build on local disk and installed before what depends on it.
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[test]'
 	touch $@
 

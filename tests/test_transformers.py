@@ -1,0 +1,119 @@
+"""The transformers LogitsProcessor on tiny randomly initialised models (config only, nothing
+downloaded) with real vocabularies: every generated sequence spells a member of the set."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import real_compiler, real_vocabulary
+from triemask import DEAD, TrieAutomaton
+from triemask.datasets import synthetic_tools
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+from triemask.integrations.transformers import TrieLogitsProcessor  # noqa: E402
+
+NESTED = ["get", "get_user", "get_users", "g", "naïve 🦙", "slack.get_user"]
+
+
+def _model(vocab_size: int, seed: int) -> object:
+    config = transformers.Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def _prompts(rng: np.random.Generator, batch: int, vocab: int, pad: int) -> tuple[object, object]:
+    """Left-padded random prompts of different lengths, and their attention mask."""
+    lengths = rng.integers(1, 9, batch)
+    width = int(lengths.max())
+    ids = np.full((batch, width), pad, dtype=np.int64)
+    mask = np.zeros((batch, width), dtype=np.int64)
+    for row, length in enumerate(lengths):
+        ids[row, width - length :] = rng.integers(0, vocab, length)
+        mask[row, width - length :] = 1
+    return torch.from_numpy(ids), torch.from_numpy(mask)
+
+
+def _value(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
+    """The value a generated sequence spells (None when it is not a complete member)."""
+    state = automaton.initial_state
+    for token in tokens:
+        if automaton.is_final(state):
+            break  # what follows EOS is padding
+        state = automaton.next_state(state, token)
+        if state == DEAD:
+            return None
+    return automaton.value_of(state) if automaton.is_final(state) else None
+
+
+@pytest.mark.parametrize("vocab_name", ["qwen2", "mistral-spm-32k"])
+def test_generation_always_returns_a_member(vocab_name: str) -> None:
+    vocab = real_vocabulary(vocab_name).vocab
+    values = sorted(set(synthetic_tools(40, seed=1) + NESTED))
+    automaton = real_compiler(vocab_name).compile(values)
+    rng = np.random.default_rng(0)
+    eos = list(automaton.eos_token_ids)
+    for seed, (batch, mode) in enumerate([(1, "greedy"), (4, "greedy"), (3, "sample"), (5, "sample"), (2, "beam")]):
+        model = _model(vocab.vocab_size, seed)
+        ids, mask = _prompts(rng, batch, len(vocab), pad=eos[0])
+        options = {"greedy": {}, "sample": {"do_sample": True, "top_k": 0}, "beam": {"num_beams": 3}}[mode]
+        torch.manual_seed(seed)
+        out = model.generate(  # type: ignore[attr-defined]
+            ids,
+            attention_mask=mask,
+            logits_processor=[TrieLogitsProcessor(automaton)],
+            max_new_tokens=40,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            **options,
+        )
+        for row in out[:, ids.shape[1] :].tolist():
+            assert _value(automaton, row) in values, (mode, row)
+
+
+def test_masks_equal_the_automaton_whatever_the_row_order() -> None:
+    automaton = real_compiler("qwen2").compile(NESTED)
+    vocab_size = automaton.vocab_size
+    processor = TrieLogitsProcessor(automaton)
+    prompt = torch.zeros((3, 4), dtype=torch.long)
+    get = real_vocabulary("qwen2").encode("get")[0]
+    step1 = torch.tensor([[get], [get], [automaton.eos_token_ids[0]]])  # row 2: EOS straight away (DEAD)
+    processor(prompt, torch.zeros(3, vocab_size))  # first call: everything starts at the root
+    scores = processor(torch.cat([prompt, step1], 1), torch.zeros(3, vocab_size))
+    for row in (0, 1):
+        state = automaton.next_state(automaton.initial_state, get)
+        assert np.flatnonzero(np.isfinite(scores[row].numpy())).tolist() == automaton.allowed_token_ids(state).tolist()
+    # a dead or finished row allows EOS only, never nothing
+    assert np.flatnonzero(np.isfinite(scores[2].numpy())).tolist() == list(automaton.eos_token_ids)
+    # rows reordered between calls (beam search): each row's mask follows its own tokens
+    swapped = torch.cat([prompt, step1], 1)[[2, 0, 1]]
+    again = TrieLogitsProcessor(automaton, prompt_length=4)(swapped, torch.zeros(3, vocab_size))
+    assert torch.equal(again, scores[[2, 0, 1]])
+
+
+def test_one_processor_serves_successive_generate_calls() -> None:
+    vocab = real_vocabulary("qwen2").vocab
+    automaton = real_compiler("qwen2").compile(NESTED)
+    processor, model, eos = TrieLogitsProcessor(automaton), _model(vocab.vocab_size, 7), automaton.eos_token_ids[0]
+    for prompt_length in (5, 2, 9):  # a new call is recognised by its length
+        ids = torch.arange(1, prompt_length + 1).unsqueeze(0)
+        out = model.generate(ids, logits_processor=[processor], max_new_tokens=20, eos_token_id=eos, pad_token_id=eos)  # type: ignore[attr-defined]
+        assert _value(automaton, out[0, prompt_length:].tolist()) in NESTED
+
+
+def test_bad_arguments_are_explained() -> None:
+    automaton = real_compiler("qwen2").compile(NESTED)
+    with pytest.raises(TypeError, match="needs a TrieAutomaton"):
+        TrieLogitsProcessor("get")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="only 10 columns"):
+        TrieLogitsProcessor(automaton)(torch.zeros((1, 2), dtype=torch.long), torch.zeros(1, 10))
