@@ -117,3 +117,63 @@ def test_bad_arguments_are_explained() -> None:
         TrieLogitsProcessor("get")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="only 10 columns"):
         TrieLogitsProcessor(automaton)(torch.zeros((1, 2), dtype=torch.long), torch.zeros(1, 10))
+
+
+def _byte_level_tokenizer() -> object:
+    """A small byte-level BPE tokenizer with a chat template, built in memory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    merges = []
+    for left, right in [("g", "e"), ("ge", "t"), ("_", "u"), ("_u", "s"), ("Ġ", "P"), ("a", "r"), ("i", "s")]:
+        merges.append((left, right))
+        vocab[left + right] = len(vocab)
+    model = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=model)
+    tokenizer.add_special_tokens({"eos_token": "<|end|>", "pad_token": "<|end|>"})
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    return tokenizer
+
+
+def test_choose_returns_members_for_every_prompt() -> None:
+    import triemask
+
+    tokenizer = _byte_level_tokenizer()
+    values = ["get", "get_user", "get_users", "g", "naïve 🦙", "Paris"]  # prefixes of one another
+    prompts = ["Which tool?", "x", "A longer question about which function to call first", "🦙?", "get"]
+    for seed in range(3):
+        model = _model(len(tokenizer), seed)  # type: ignore[arg-type]
+        answers = triemask.choose(model, tokenizer, prompts, values, batch_size=2, system="Pick a tool.")
+        assert len(answers) == len(prompts) and all(answer in values for answer in answers)
+        sampled = triemask.choose(model, tokenizer, prompts, values, do_sample=True, top_k=0)
+        assert all(answer in values for answer in sampled)
+
+
+def test_choose_strips_an_optional_leading_space() -> None:
+    from triemask.integrations.transformers import choose
+
+    tokenizer = _byte_level_tokenizer()
+    space = tokenizer.convert_tokens_to_ids("Ġ")  # type: ignore[attr-defined]
+
+    class PreferSpace(transformers.LogitsProcessor):  # the model "wants" to start with a space
+        def __call__(self, input_ids: object, scores: object) -> object:
+            scores[:, space] += 1e4  # type: ignore[index]
+            return scores
+
+    model = _model(len(tokenizer), 0)  # type: ignore[arg-type]
+    answers = choose(
+        model,
+        tokenizer,
+        ["Capital?", "Where?"],
+        ["Paris", "London"],
+        leading_space=True,
+        logits_processor=[PreferSpace()],
+    )
+    assert all(answer in ("Paris", "London") for answer in answers)
+    with pytest.raises(TypeError, match="list of strings"):
+        choose(model, tokenizer, "Capital?", ["Paris"])  # type: ignore[arg-type]

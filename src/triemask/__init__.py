@@ -29,6 +29,15 @@ from ._vocabulary import Vocabulary
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str) -> object:
+    # triemask.choose needs torch and transformers: imported on first use, not with triemask.
+    if name == "choose":
+        from .integrations.transformers import choose
+
+        return choose
+    raise AttributeError(f"module 'triemask' has no attribute {name!r}")
+
 __all__ = [
     "DEAD",
     "BitmaskError",

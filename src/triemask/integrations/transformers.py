@@ -11,6 +11,7 @@ correctly. All rows are masked with one ``fill_bitmask`` call and one tensor ope
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,17 +19,19 @@ import numpy.typing as npt
 
 from .._automaton import DEAD, TrieAutomaton
 from .._bitmask import allocate_token_bitmask
+from .._compile import Compiler
+from .._vocabulary import Vocabulary
 
 try:
     import torch
-    from transformers import LogitsProcessor
+    from transformers import LogitsProcessor, LogitsProcessorList
 except ImportError as error:  # pragma: no cover - exercised only without the extras
     raise ImportError(
         "triemask.integrations.transformers needs torch and transformers: "
         "pip install torch==2.13.0 'triemask[transformers]'"
     ) from error
 
-__all__ = ["TrieLogitsProcessor"]
+__all__ = ["TrieLogitsProcessor", "choose"]
 
 
 class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore]  # Any without transformers
@@ -123,3 +126,125 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         if allowed.shape[1] < width:  # model columns beyond the automaton's vocabulary: never allowed
             allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
         return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+
+
+_COMPILERS: dict[str, Compiler] = {}  # per vocabulary fingerprint: the index is built once
+
+
+def choose(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    values: Iterable[str],
+    *,
+    system: str | None = None,
+    leading_space: bool = False,
+    batch_size: int = 8,
+    **generate_kwargs: Any,
+) -> list[str]:
+    """Ask ``model`` each prompt and return, for each, one member of ``values``.
+
+    Parameters
+    ----------
+    model, tokenizer
+        A transformers causal LM and its tokenizer.
+    prompts : list of str
+        User messages. The tokenizer's chat template is applied when it has one
+        (with ``system`` as the system message); otherwise the prompt is the text.
+    values : iterable of str
+        The allowed answers.
+    leading_space : bool
+        Also allow each value preceded by one space (SentencePiece-style models often
+        start an answer with ``▁Paris``); the space is stripped from the result.
+    batch_size : int
+        Prompts per ``generate`` call (left-padded).
+    **generate_kwargs
+        Passed to ``model.generate`` (greedy by default; ``do_sample=True`` samples).
+        ``logits_processor`` entries run before the set constraint.
+
+    Returns
+    -------
+    list of str
+        One member of ``values`` per prompt, in order.
+    """
+    if isinstance(prompts, str):
+        raise TypeError("prompts must be a list of strings; wrap a single prompt in a list")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    allowed = list(values)
+    members = set(allowed)
+    if leading_space:
+        allowed += [" " + value for value in allowed]
+    eos = _eos_token_ids(model, tokenizer)
+    vocab = Vocabulary.from_huggingface(tokenizer, vocab_size=_logits_width(model), eos_token_ids=eos)
+    if vocab.fingerprint not in _COMPILERS:
+        _COMPILERS[vocab.fingerprint] = Compiler(vocab)
+    automaton = _COMPILERS[vocab.fingerprint].compile(allowed)
+    longest = max(len(value.encode()) for value in allowed)
+    options: dict[str, Any] = {"do_sample": False, "max_new_tokens": longest + 1}  # a token spells >= 1 byte
+    options.update(generate_kwargs)
+    extra = list(options.pop("logits_processor", None) or [])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    answers: list[str] = []
+    for first in range(0, len(prompts), batch_size):
+        batch = [_render(tokenizer, prompt, system) for prompt in prompts[first : first + batch_size]]
+        templated = getattr(tokenizer, "chat_template", None) is not None
+        side = tokenizer.padding_side
+        tokenizer.padding_side = "left"
+        try:
+            encoded = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not templated)
+        finally:
+            tokenizer.padding_side = side
+        encoded = encoded.to(model.device)
+        start = int(encoded["input_ids"].shape[1])
+        processors = LogitsProcessorList([*extra, TrieLogitsProcessor(automaton, prompt_length=start)])
+        output = model.generate(
+            **encoded, logits_processor=processors, eos_token_id=list(eos), pad_token_id=pad, **options
+        )
+        for offset, row in enumerate(output[:, start:].tolist()):
+            value = _spelled(automaton, row)
+            if value is None:
+                raise RuntimeError(
+                    f"generation for prompt {first + offset} stopped before completing a value "
+                    f"(max_new_tokens={options['max_new_tokens']}); raise max_new_tokens"
+                )
+            answers.append(value[1:] if leading_space and value not in members else value)
+    return answers
+
+
+def _render(tokenizer: Any, prompt: str, system: str | None) -> str:
+    if getattr(tokenizer, "chat_template", None) is None:
+        return prompt if system is None else f"{system}\n\n{prompt}"
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": prompt}
+    ]
+    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
+
+
+def _eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+    """The model's end-of-turn tokens (generation config), else the tokenizer's EOS."""
+    config = getattr(model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None) if config is not None else None
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("neither the model's generation config nor the tokenizer names an EOS token")
+    return tuple(eos) if isinstance(eos, list | tuple) else (int(eos),)
+
+
+def _logits_width(model: Any) -> int:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+
+def _spelled(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
+    """The value a generated row spells, or None when it did not complete one."""
+    state = automaton.initial_state
+    for token in tokens:
+        if automaton.is_final(state):
+            break  # what follows EOS is padding
+        state = automaton.next_state(state, token)
+        if state == DEAD:
+            return None
+    value = automaton.value_of(state) if automaton.is_final(state) else None
+    return value if value is None else str(value)
