@@ -38,6 +38,7 @@ def __getattr__(name: str) -> object:
         return choose
     raise AttributeError(f"module 'triemask' has no attribute {name!r}")
 
+
 __all__ = [
     "DEAD",
     "BitmaskError",
