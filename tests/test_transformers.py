@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import real_compiler, real_vocabulary
-from triemask import DEAD, TrieAutomaton
 from triemask.datasets import synthetic_tools
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from triemask.integrations.transformers import TrieLogitsProcessor  # noqa: E402
+from triemask.integrations.transformers import _spelled as _value  # noqa: E402
 
 NESTED = ["get", "get_user", "get_users", "g", "naïve 🦙", "slack.get_user"]
 
@@ -42,18 +42,6 @@ def _prompts(rng: np.random.Generator, batch: int, vocab: int, pad: int) -> tupl
         ids[row, width - length :] = rng.integers(0, vocab, length)
         mask[row, width - length :] = 1
     return torch.from_numpy(ids), torch.from_numpy(mask)
-
-
-def _value(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
-    """The value a generated sequence spells (None when it is not a complete member)."""
-    state = automaton.initial_state
-    for token in tokens:
-        if automaton.is_final(state):
-            break  # what follows EOS is padding
-        state = automaton.next_state(state, token)
-        if state == DEAD:
-            return None
-    return automaton.value_of(state) if automaton.is_final(state) else None
 
 
 @pytest.mark.parametrize("vocab_name", ["qwen2", "mistral-spm-32k"])

@@ -95,9 +95,14 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         self._generated, self._states = generated, states
         return states
 
+    def _ended(self, states: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Rows that are final (EOS emitted) or dead: nothing of the set can follow."""
+        ended: npt.NDArray[np.bool_] = (states == DEAD) | (states >= self.automaton.num_nodes)
+        return ended
+
     def _advance(self, states: npt.NDArray[np.int64], tokens: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """One token for every row; a finished (final) or dead row stays as it is."""
-        stays = (states == DEAD) | (states >= self.automaton.num_nodes)
+        stays = self._ended(states)
         following = self.automaton.next_states(np.where(stays, DEAD, states), tokens).astype(np.int64)
         return np.where(stays, states, following)
 
@@ -115,7 +120,7 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
             self._bitmask = allocate_token_bitmask(batch, self.automaton.vocab_size)
         bitmask = self._bitmask[:batch]
         self.automaton.fill_bitmask(bitmask, states)
-        ended = np.flatnonzero((states == DEAD) | (states >= self.automaton.num_nodes))
+        ended = np.flatnonzero(self._ended(states))
         if ended.size:  # finished rows: EOS only
             bitmask[ended] = 0
             for eos in self._eos.tolist():
