@@ -288,7 +288,7 @@ def load_default_model(cache_dir: str | os.PathLike[str] | None = None) -> tuple
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         # transformers will not save a model loaded from GGUF; its de-quantised weights go into a plain copy
-        model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)  # type: ignore[no-untyped-call,unused-ignore]
         model.load_state_dict(loaded.state_dict())
         partial = root / f".{DEFAULT_MODEL}.{os.getpid()}"
         model.save_pretrained(partial)
