@@ -400,6 +400,9 @@ class TrieAutomaton:
         if count > array.shape[0]:
             raise StateError(f"{count} states but the bitmask has only {array.shape[0]} rows")
         values = [_state_index(state) for state in (states.tolist() if isinstance(states, np.ndarray) else states)]
+        for state in values:  # validate before writing, as the vectorised path does
+            if not 0 <= state < self._num_nodes:
+                self._node(state)  # raises for ids that are no state
         if rows is None:
             targets: Sequence[int] = range(count)
             array[:count].fill(0)
@@ -408,12 +411,10 @@ class TrieAutomaton:
             array[targets] = 0
         offsets, words, bits, num_nodes = self._mask_offsets_view, self._mask_words, self._mask_bits, self._num_nodes
         for row, state in zip(targets, values, strict=True):
-            if 0 <= state < num_nodes:
+            if 0 <= state < num_nodes:  # final and DEAD rows stay zero
                 lo = offsets[state]
                 hi = offsets[state + 1]
                 array[row][words[lo:hi]] = bits[lo:hi]
-            else:
-                self._node(state)  # raises for ids that are no state
 
     @staticmethod
     def _few_rows(rows: Any, count: int, height: int) -> list[int]:
