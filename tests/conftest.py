@@ -126,3 +126,44 @@ def qwen() -> RealVocabulary:
 @pytest.fixture(scope="session")
 def qwen_compiler() -> Compiler:
     return real_compiler("qwen2")
+
+
+def tiny_causal_lm(vocab_size: int, seed: int) -> object:
+    """A randomly initialised one-layer Qwen2 model (config only, nothing downloaded)."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return transformers.Qwen2ForCausalLM(config).eval()
+
+
+def byte_level_tokenizer() -> object:
+    """A small byte-level BPE tokenizer with a chat template, built in memory."""
+    import transformers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    merges = []
+    for left, right in [("g", "e"), ("ge", "t"), ("_", "u"), ("_u", "s"), ("Ġ", "P"), ("a", "r"), ("i", "s")]:
+        merges.append((left, right))
+        vocab[left + right] = len(vocab)
+    model = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = decoders.ByteLevel()
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=model)
+    tokenizer.add_special_tokens({"eos_token": "<|end|>", "pad_token": "<|end|>"})
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    return tokenizer

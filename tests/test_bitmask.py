@@ -58,6 +58,20 @@ def test_batch_fill_equals_rows(automaton, batch: int) -> None:  # type: ignore[
     assert (other[untouched] == -1).all()
 
 
+@pytest.mark.parametrize("batch", [0, 1, 7, 64])
+def test_allowed_token_pairs_equal_the_rows(automaton, batch: int) -> None:  # type: ignore[no-untyped-def]
+    states = np.random.default_rng(batch).integers(DEAD, automaton.num_states, batch)
+    rows, tokens = automaton.allowed_token_pairs(states)
+    assert rows.dtype == np.int64 and tokens.dtype == np.int32 and len(rows) == len(tokens)
+    for row, state in enumerate(states.tolist()):
+        assert tokens[rows == row].tolist() == automaton.allowed_token_ids(state).tolist()
+    assert np.all(np.diff(rows) >= 0)
+    with pytest.raises(StateError, match="not a state"):
+        automaton.allowed_token_pairs([0, automaton.num_states])
+    with pytest.raises(StateError, match="1-D array of integers"):
+        automaton.allowed_token_pairs([0.5])
+
+
 def test_fill_accepts_lists_and_empty_batches(automaton) -> None:  # type: ignore[no-untyped-def]
     bitmask = allocate_token_bitmask(2, automaton.vocab_size)
     automaton.fill_bitmask(bitmask, [])

@@ -41,6 +41,6 @@ def test_docstring_examples(module: str) -> None:
 def test_cli_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
     from triemask._cli import main
 
-    main(["demo", "--values", "300", "--walks", "3"])
+    main(["walk", "--values", "300", "--walks", "3"])
     out = capsys.readouterr().out
     assert "every decoded string is a member of the set" in out and "prefix sharing r =" in out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import real_compiler, real_vocabulary
+from conftest import byte_level_tokenizer, real_compiler, real_vocabulary, tiny_causal_lm
 from triemask.datasets import synthetic_tools
 
 torch = pytest.importorskip("torch")
@@ -15,21 +15,6 @@ from triemask.integrations.transformers import TrieLogitsProcessor  # noqa: E402
 from triemask.integrations.transformers import _spelled as _value  # noqa: E402
 
 NESTED = ["get", "get_user", "get_users", "g", "naïve 🦙", "slack.get_user"]
-
-
-def _model(vocab_size: int, seed: int) -> object:
-    config = transformers.Qwen2Config(
-        vocab_size=vocab_size,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    return transformers.Qwen2ForCausalLM(config).eval()
 
 
 def _prompts(rng: np.random.Generator, batch: int, vocab: int, pad: int) -> tuple[object, object]:
@@ -52,7 +37,7 @@ def test_generation_always_returns_a_member(vocab_name: str) -> None:
     rng = np.random.default_rng(0)
     eos = list(automaton.eos_token_ids)
     for seed, (batch, mode) in enumerate([(1, "greedy"), (4, "greedy"), (3, "sample"), (5, "sample"), (2, "beam")]):
-        model = _model(vocab.vocab_size, seed)
+        model = tiny_causal_lm(vocab.vocab_size, seed)
         ids, mask = _prompts(rng, batch, len(vocab), pad=eos[0])
         options = {"greedy": {}, "sample": {"do_sample": True, "top_k": 0}, "beam": {"num_beams": 3}}[mode]
         torch.manual_seed(seed)
@@ -92,7 +77,11 @@ def test_masks_equal_the_automaton_whatever_the_row_order() -> None:
 def test_one_processor_serves_successive_generate_calls() -> None:
     vocab = real_vocabulary("qwen2").vocab
     automaton = real_compiler("qwen2").compile(NESTED)
-    processor, model, eos = TrieLogitsProcessor(automaton), _model(vocab.vocab_size, 7), automaton.eos_token_ids[0]
+    processor, model, eos = (
+        TrieLogitsProcessor(automaton),
+        tiny_causal_lm(vocab.vocab_size, 7),
+        automaton.eos_token_ids[0],
+    )
     for prompt_length in (5, 2, 9):  # a new call is recognised by its length
         ids = torch.arange(1, prompt_length + 1).unsqueeze(0)
         out = model.generate(ids, logits_processor=[processor], max_new_tokens=20, eos_token_id=eos, pad_token_id=eos)  # type: ignore[attr-defined]
@@ -107,35 +96,14 @@ def test_bad_arguments_are_explained() -> None:
         TrieLogitsProcessor(automaton)(torch.zeros((1, 2), dtype=torch.long), torch.zeros(1, 10))
 
 
-def _byte_level_tokenizer() -> object:
-    """A small byte-level BPE tokenizer with a chat template, built in memory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
-    merges = []
-    for left, right in [("g", "e"), ("ge", "t"), ("_", "u"), ("_u", "s"), ("Ġ", "P"), ("a", "r"), ("i", "s")]:
-        merges.append((left, right))
-        vocab[left + right] = len(vocab)
-    model = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    model.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    model.decoder = decoders.ByteLevel()
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=model)
-    tokenizer.add_special_tokens({"eos_token": "<|end|>", "pad_token": "<|end|>"})
-    tokenizer.chat_template = (
-        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-    )
-    return tokenizer
-
-
 def test_choose_returns_members_for_every_prompt() -> None:
     import triemask
 
-    tokenizer = _byte_level_tokenizer()
+    tokenizer = byte_level_tokenizer()
     values = ["get", "get_user", "get_users", "g", "naïve 🦙", "Paris"]  # prefixes of one another
     prompts = ["Which tool?", "x", "A longer question about which function to call first", "🦙?", "get"]
     for seed in range(3):
-        model = _model(len(tokenizer), seed)  # type: ignore[arg-type]
+        model = tiny_causal_lm(len(tokenizer), seed)  # type: ignore[arg-type]
         answers = triemask.choose(model, tokenizer, prompts, values, batch_size=2, system="Pick a tool.")
         assert len(answers) == len(prompts) and all(answer in values for answer in answers)
         sampled = triemask.choose(model, tokenizer, prompts, values, do_sample=True, top_k=0)
@@ -145,7 +113,7 @@ def test_choose_returns_members_for_every_prompt() -> None:
 def test_choose_strips_an_optional_leading_space() -> None:
     from triemask.integrations.transformers import choose
 
-    tokenizer = _byte_level_tokenizer()
+    tokenizer = byte_level_tokenizer()
     space = tokenizer.convert_tokens_to_ids("Ġ")  # type: ignore[attr-defined]
 
     class PreferSpace(transformers.LogitsProcessor):  # the model "wants" to start with a space
@@ -153,7 +121,7 @@ def test_choose_strips_an_optional_leading_space() -> None:
             scores[:, space] += 1e4  # type: ignore[index]
             return scores
 
-    model = _model(len(tokenizer), 0)  # type: ignore[arg-type]
+    model = tiny_causal_lm(len(tokenizer), 0)  # type: ignore[arg-type]
     answers = choose(
         model,
         tokenizer,

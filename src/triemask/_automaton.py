@@ -226,6 +226,30 @@ class TrieAutomaton:
         node = self._node(state)
         return self._edge_tokens[self._edge_offsets_view[node] : self._edge_offsets_view[node + 1]]
 
+    def allowed_token_pairs(
+        self, states: Sequence[int] | npt.NDArray[np.integer[Any]]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+        """Every allowed ``(row, token id)`` pair of a batch of states, in one lookup.
+
+        Row ``i`` contributes ``allowed_token_ids(states[i])`` (final and DEAD states
+        none), so the work is proportional to the allowed tokens, not to the
+        vocabulary: masking logits by gather and scatter needs nothing more.
+
+        Returns
+        -------
+        rows : int64 array
+            The index in ``states`` of each pair, ascending.
+        token_ids : int32 array
+            The allowed token of each pair.
+        """
+        nodes = self._nodes(states)
+        first, last = self._edge_offsets[nodes], self._edge_offsets[nodes + 1]
+        counts = last - first
+        ends = np.cumsum(counts)
+        total = int(ends[-1]) if len(nodes) else 0
+        index = np.arange(total) + np.repeat(last - ends, counts)
+        return np.repeat(np.arange(len(nodes), dtype=np.int64), counts), self._edge_tokens[index]
+
     def next_state(self, state: int, token_id: int) -> int:
         """The state after ``token_id``; :data:`DEAD` when the token is not allowed."""
         if not 0 <= state < self._num_nodes:

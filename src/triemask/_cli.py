@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from . import Compiler, Matcher, Vocabulary, allocate_token_bitmask
-from .datasets import synthetic_tools
+from .datasets import LABEL_SETS, synthetic_tools
 
 QWEN_VOCAB_SIZE = 151936  # Qwen2 / 2.5 models' logits width
 
@@ -28,7 +31,7 @@ def _qwen_vocabulary() -> tuple[Vocabulary, object]:
     return vocab, tokenizer
 
 
-def demo(values: int, walks: int, seed: int) -> None:
+def walk_demo(values: int, walks: int, seed: int) -> None:
     """Compile a tool registry against the Qwen vocabulary and decode from it."""
     print(f"triemask demo: choose one of {values:,} tool names with the Qwen2.5 vocabulary\n")
     started = time.perf_counter()
@@ -85,16 +88,98 @@ def demo(values: int, walks: int, seed: int) -> None:
     print("every decoded string is a member of the set.")
 
 
+def _progress() -> Any:
+    """A rich progress display, and ``steps(description, total)`` that advances it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    display = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+
+    def steps(description: str, total: int) -> Iterator[int]:
+        task = display.add_task(description, total=total)
+        for step in range(total):
+            yield step
+            display.advance(task)
+
+    return display, steps
+
+
+def run_eval(args: argparse.Namespace) -> None:
+    """Tables 6 and 16 on the default model; results to stdout and, with --out, files."""
+    from ._eval import Settings, evaluate, plot, to_markdown
+
+    try:
+        settings = Settings(
+            datasets=args.datasets,
+            per_dataset=None if args.full else args.per_dataset,
+            tool_k=args.tool_k,
+            per_k=args.per_k,
+            think_tokens=args.think_tokens,
+            seed=args.seed,
+        )
+    except ValueError as error:
+        sys.exit(f"triemask eval: {error}")
+    display, steps = _progress()
+    with display:
+        task = display.add_task("loading SmolLM2-135M-Instruct", total=None)
+        from .integrations.transformers import load_default_model
+
+        model, tokenizer = load_default_model()
+        display.remove_task(task)
+        results = evaluate(model, tokenizer, settings, steps)
+    report = to_markdown(results)
+    print(report)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "eval.json"), "w", encoding="utf-8") as file:
+            json.dump(results, file, indent=1)
+        with open(os.path.join(args.out, "eval.md"), "w", encoding="utf-8") as file:
+            file.write(report)
+        plot(results, os.path.join(args.out, "eval.png"))
+        print(f"wrote eval.json, eval.md and eval.png to {args.out}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
+    from . import _eval
+
     parser = argparse.ArgumentParser(prog="triemask", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    run_demo = commands.add_parser("demo", help="compile a tool registry against the Qwen vocabulary and decode")
-    run_demo.add_argument("--values", type=int, default=10_000, help="number of tool names (default 10,000)")
-    run_demo.add_argument("--walks", type=int, default=8, help="random decodes to show (default 8)")
-    run_demo.add_argument("--seed", type=int, default=0)
+    run_demo = commands.add_parser(
+        "demo", help="SmolLM2-135M picks ICD-10-CM codes and tools, with and without triemask"
+    )
+    run_demo.add_argument("--questions", type=int, default=None, help="ask only the first N questions")
+    walk = commands.add_parser("walk", help="compile a tool registry against the Qwen vocabulary and decode at random")
+    walk.add_argument("--values", type=int, default=10_000, help="number of tool names (default 10,000)")
+    walk.add_argument("--walks", type=int, default=8, help="random decodes to show (default 8)")
+    walk.add_argument("--seed", type=int, default=0)
+    evaluation = commands.add_parser("eval", help="accuracy and validity on SmolLM2-135M (paper, Tables 6 and 16)")
+    evaluation.add_argument("--out", help="folder for eval.json, eval.md and eval.png")
+    evaluation.add_argument("--datasets", nargs="+", default=list(_eval.Settings.datasets), choices=LABEL_SETS)
+    evaluation.add_argument(
+        "--per-dataset", type=_positive, default=_eval.Settings.per_dataset, help="stratified sample size"
+    )
+    evaluation.add_argument("--full", action="store_true", help="every test row (about 11,000; many hours on a CPU)")
+    evaluation.add_argument(
+        "--tool-k", type=_positive, nargs="*", default=list(_eval.TOOL_K), help="Table 16 set sizes"
+    )
+    evaluation.add_argument("--per-k", type=_positive, default=_eval.Settings.per_k, help="requests per K")
+    evaluation.add_argument("--think-tokens", type=_positive, default=_eval.Settings.think_tokens)
+    evaluation.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        demo(args.values, args.walks, args.seed)
+    if args.command == "walk":
+        walk_demo(args.values, args.walks, args.seed)
+    elif args.command == "demo":
+        from ._demo import demo
+
+        demo(args.questions)
+    else:
+        run_eval(args)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -11,10 +11,20 @@ Examples
 from __future__ import annotations
 
 import gzip
+import json
 import random
 from importlib import resources
 
-__all__ = ["LABEL_SETS", "load_icd10cm", "load_labels", "synthetic_products", "synthetic_tools"]
+__all__ = [
+    "LABEL_SETS",
+    "load_icd10cm",
+    "load_icd10cm_descriptions",
+    "load_labels",
+    "load_test_set",
+    "load_tool_registry",
+    "synthetic_products",
+    "synthetic_tools",
+]
 
 LABEL_SETS = ("trec", "massive", "banking77", "clinc150")
 
@@ -293,4 +303,27 @@ def load_labels(name: str) -> list[str]:
 
 def load_icd10cm() -> list[str]:
     """The 74,719 billable ICD-10-CM FY2026 codes, dotted (``E11.9``), in CMS order."""
-    return gzip.decompress(_read("icd10cm_codes.txt.gz")).decode("ascii").split()
+    return list(load_icd10cm_descriptions())
+
+
+def load_icd10cm_descriptions() -> dict[str, str]:
+    """Each billable ICD-10-CM FY2026 code (CMS order) with its description."""
+    lines = gzip.decompress(_read("icd10cm_codes_desc.tsv.gz")).decode("utf-8").splitlines()
+    return dict(line.split("\t", 1) for line in lines)
+
+
+def load_tool_registry() -> list[str]:
+    """The demo's registry of 10,000 tool names (``synthetic_tools(10_000, seed=0)``, shipped as data)."""
+    return gzip.decompress(_read("tool_registry_10k.txt.gz")).decode("ascii").split()
+
+
+def load_test_set(name: str) -> list[dict[str, str]]:
+    """The test split of a bundled classification benchmark: rows with ``text`` and ``label``.
+
+    ``trec`` (500 questions), ``massive`` (2,974 utterances, en-US), ``banking77``
+    (3,080) or ``clinc150`` (4,500 in-scope queries); every label is in ``load_labels(name)``.
+    """
+    if name not in LABEL_SETS:
+        raise ValueError(f"unknown test set {name!r}; choose one of {', '.join(LABEL_SETS)}")
+    lines = gzip.decompress(_read(f"{name}_test.jsonl.gz")).decode("utf-8").splitlines()
+    return [{"text": row["text"], "label": row["label"]} for row in map(json.loads, lines)]

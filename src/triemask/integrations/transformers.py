@@ -6,13 +6,15 @@
 The processor is stateless in the sense that matters for ``generate``: each row's
 state is derived from that row's own generated tokens at every call, so greedy search,
 sampling and beam search (which reorders rows between calls) are all constrained
-correctly. All rows are masked with one ``fill_bitmask`` call and one tensor operation.
+correctly. All rows are masked at once: one lookup of the allowed (row, token) pairs,
+then one gather and one scatter, so the cost follows the allowed tokens, not the vocabulary.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
@@ -22,7 +24,6 @@ import numpy as np
 import numpy.typing as npt
 
 from .._automaton import DEAD, TrieAutomaton
-from .._bitmask import allocate_token_bitmask
 from .._compile import Compiler
 from .._vocabulary import Vocabulary
 
@@ -35,7 +36,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "pip install torch==2.13.0 'triemask[transformers]'"
     ) from error
 
-__all__ = ["DEFAULT_MODEL", "TrieLogitsProcessor", "choose", "load_default_model"]
+__all__ = ["DEFAULT_MODEL", "TrieLogitsProcessor", "choose", "compiler_for", "load_default_model"]
 
 
 class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore]  # Any without transformers
@@ -58,6 +59,13 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
     A row whose value is complete and that has emitted EOS (or a row a token outside
     the set was forced into) allows only EOS, so a finished row never has all of its
     logits at ``-inf``.
+
+    Attributes
+    ----------
+    steps : int
+        Calls so far (one per generated token position).
+    mask_seconds : float
+        Time spent in those calls: deriving the row states and masking the logits.
     """
 
     def __init__(self, automaton: TrieAutomaton, *, prompt_length: int | None = None) -> None:
@@ -71,9 +79,9 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         self._last_length = -1
         self._generated: npt.NDArray[np.int64] | None = None  # previous call's generated tokens
         self._states: npt.NDArray[np.int64] | None = None  # and the states they lead to
-        self._bitmask = allocate_token_bitmask(0, automaton.vocab_size)
-        self._shifts = torch.arange(32, dtype=torch.int32)
         self._eos = np.asarray(automaton.eos_token_ids, dtype=np.int64)
+        self.steps = 0
+        self.mask_seconds = 0.0
 
     def states(self, input_ids: Any) -> npt.NDArray[np.int64]:
         """The automaton state of every row of ``input_ids`` (batch, sequence length)."""
@@ -111,6 +119,7 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         return np.where(stays, states, following)
 
     def __call__(self, input_ids: Any, scores: Any) -> Any:
+        started = time.perf_counter()
         batch, width = int(scores.shape[0]), int(scores.shape[-1])
         if self.automaton.vocab_size > width:
             raise ValueError(
@@ -120,21 +129,18 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         states = self.states(input_ids)
         if len(states) != batch:
             raise ValueError(f"input_ids has {len(states)} rows but scores has {batch}")
-        if self._bitmask.shape[0] < batch:
-            self._bitmask = allocate_token_bitmask(batch, self.automaton.vocab_size)
-        bitmask = self._bitmask[:batch]
-        self.automaton.fill_bitmask(bitmask, states)
+        # gather and scatter over the allowed (row, token) pairs: no vocabulary-wide pass but the fill
+        rows, tokens = self.automaton.allowed_token_pairs(states)
         ended = np.flatnonzero(self._ended(states))
         if ended.size:  # finished rows: EOS only
-            bitmask[ended] = 0
-            for eos in self._eos.tolist():
-                bit = 1 << (eos & 31)
-                bitmask[ended, eos >> 5] |= bit - (1 << 32) if bit >= 1 << 31 else bit  # as a signed int32
-        words = torch.from_numpy(bitmask)
-        allowed = ((words.unsqueeze(-1) >> self._shifts) & 1).view(batch, -1)[:, :width].bool()
-        if allowed.shape[1] < width:  # model columns beyond the automaton's vocabulary: never allowed
-            allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
-        return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
+            rows = np.concatenate([rows, np.repeat(ended, len(self._eos))])
+            tokens = np.concatenate([tokens, np.tile(self._eos, len(ended))])
+        where = (torch.from_numpy(rows).to(scores.device), torch.from_numpy(tokens.astype(np.int64)).to(scores.device))
+        masked = torch.full_like(scores, float("-inf"))
+        masked[where] = scores[where]
+        self.steps += 1
+        self.mask_seconds += time.perf_counter() - started
+        return masked
 
 
 _COMPILERS: dict[str, Compiler] = {}  # per vocabulary fingerprint: the index is built once
@@ -185,10 +191,7 @@ def choose(
     if leading_space:
         allowed += [" " + value for value in allowed]
     eos = _eos_token_ids(model, tokenizer)
-    vocab = Vocabulary.from_huggingface(tokenizer, vocab_size=_logits_width(model), eos_token_ids=eos)
-    if vocab.fingerprint not in _COMPILERS:
-        _COMPILERS[vocab.fingerprint] = Compiler(vocab)
-    automaton = _COMPILERS[vocab.fingerprint].compile(allowed)
+    automaton = compiler_for(model, tokenizer).compile(allowed)
     longest = max(len(value.encode()) for value in allowed)
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": longest + 1}  # a token spells >= 1 byte
     options.update(generate_kwargs)
@@ -219,6 +222,17 @@ def choose(
                 )
             answers.append(value[1:] if leading_space and value not in members else value)
     return answers
+
+
+def compiler_for(model: Any, tokenizer: Any) -> Compiler:
+    """The :class:`~triemask.Compiler` for ``model``'s vocabulary (logits width, EOS
+    tokens of its generation config), built once per vocabulary and reused."""
+    vocab = Vocabulary.from_huggingface(
+        tokenizer, vocab_size=_logits_width(model), eos_token_ids=_eos_token_ids(model, tokenizer)
+    )
+    if vocab.fingerprint not in _COMPILERS:
+        _COMPILERS[vocab.fingerprint] = Compiler(vocab)
+    return _COMPILERS[vocab.fingerprint]
 
 
 def _render(tokenizer: Any, prompt: str, system: str | None) -> str:
