@@ -1,0 +1,73 @@
+"""Device-side masks (``triemask.integrations.torch``) on CPU torch: equal to the automaton's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import byte_vocabulary, real_compiler
+from triemask import DEAD, Compiler
+from triemask.datasets import synthetic_tools
+
+torch = pytest.importorskip("torch")
+from triemask.integrations.torch import DeviceAutomaton  # noqa: E402
+
+
+def _automata() -> list[object]:
+    return [
+        Compiler(byte_vocabulary()).compile(["get", "get_user", "user", "us", "🦙", ""]),
+        real_compiler("qwen2").compile(synthetic_tools(300)),
+        real_compiler("mistral-spm-32k").compile(["Paris", "Par", "London", "naïve 🦙"], eos=False),
+    ]
+
+
+@pytest.mark.parametrize("which", range(3))
+def test_masks_and_steps_equal_the_automaton(which: int) -> None:
+    automaton = _automata()[which]
+    on_device = DeviceAutomaton(automaton)  # type: ignore[arg-type]
+    rng = np.random.default_rng(which)
+    states = rng.integers(DEAD, automaton.num_states, 200)  # type: ignore[attr-defined]
+    states[:3] = [0, DEAD, automaton.num_states - 1]  # type: ignore[attr-defined]
+    mask = on_device.allowed_mask(torch.from_numpy(states), ended_allow_eos=False).numpy()
+    assert mask.shape == (200, automaton.vocab_size)  # type: ignore[attr-defined]
+    for row, state in enumerate(states.tolist()):
+        assert np.flatnonzero(mask[row]).tolist() == automaton.allowed_token_ids(state).tolist()  # type: ignore[attr-defined]
+    # tokens: one allowed token where there is one, else a random one
+    tokens = rng.integers(0, automaton.vocab_size, len(states))  # type: ignore[attr-defined]
+    for row, state in enumerate(states.tolist()):
+        allowed = automaton.allowed_token_ids(state)  # type: ignore[attr-defined]
+        if allowed.size and row % 3:
+            tokens[row] = rng.choice(allowed)
+    got = on_device.next_states(torch.from_numpy(states), torch.from_numpy(tokens)).numpy()
+    assert got.tolist() == automaton.next_states(states, tokens).tolist()  # type: ignore[attr-defined]
+
+
+def test_ended_rows_may_stop_and_wider_logits_stay_closed() -> None:
+    automaton = Compiler(byte_vocabulary()).compile(["ab", "a"])
+    eos = automaton.eos_token_ids[0]
+    final = automaton.next_state(automaton.next_state(0, ord("a")), eos)
+    on_device = DeviceAutomaton(automaton)
+    states = torch.tensor([0, final, DEAD])
+    mask = on_device.allowed_mask(states, automaton.vocab_size + 7)
+    assert mask.shape == (3, automaton.vocab_size + 7) and not mask[:, automaton.vocab_size :].any()
+    assert mask[1].nonzero().flatten().tolist() == [eos] == mask[2].nonzero().flatten().tolist()
+    logits = torch.zeros(3, automaton.vocab_size + 7)
+    out = on_device.mask_logits(logits, states)
+    assert out is logits and torch.isinf(out[0]).sum() == automaton.vocab_size + 7 - len(automaton.allowed_token_ids(0))
+    assert on_device.memory_bytes > 0 and on_device.max_allowed >= 1
+
+
+def test_bad_inputs_are_explained() -> None:
+    on_device = DeviceAutomaton(Compiler(byte_vocabulary()).compile(["ab"]))
+    with pytest.raises(TypeError, match=r"1-D int64 tensor, got tensor of dtype torch\.float32"):
+        on_device.allowed_mask(torch.zeros(2))
+    with pytest.raises(TypeError, match="got list"):
+        on_device.allowed_mask([0, 1])
+    with pytest.raises(ValueError, match="smaller than the automaton"):
+        on_device.allowed_mask(torch.tensor([0]), 3)
+    with pytest.raises(ValueError, match=r"logits must be \(batch=1, vocab\)"):
+        on_device.mask_logits(torch.zeros(2, 300), torch.tensor([0]))
+    with pytest.raises(ValueError, match="token_ids must be a tensor of shape"):
+        on_device.next_states(torch.tensor([0]), torch.tensor([1, 2]))
+    with pytest.raises(TypeError, match="needs a TrieAutomaton"):
+        DeviceAutomaton("ab")  # type: ignore[arg-type]
