@@ -68,6 +68,10 @@ def test_settings_name_what_is_wrong() -> None:
         Settings(per_k=0)
     with pytest.raises(ValueError, match="got 450"):
         Settings(tool_k=[450])
+    with pytest.raises(ValueError, match="per_dataset must be at least 1, got 0"):
+        Settings(per_dataset=0)
+    with pytest.raises(ValueError, match="per_k=300 exceeds the smallest tool set"):
+        Settings(tool_k=[200], per_k=300)
 
 
 def test_bundled_test_sets_use_their_label_sets() -> None:

@@ -187,10 +187,14 @@ class Settings:
                 raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(datasets.LABEL_SETS)}")
         for k in self.tool_k:
             tool_catalogue(k)  # raises for a K it cannot build
-        counts = {"per_dataset": self.per_dataset or 1, "per_k": self.per_k, "think_tokens": self.think_tokens}
-        for field_name, count in {**counts, "answer_tokens": self.answer_tokens}.items():
+        counts = {"per_k": self.per_k, "think_tokens": self.think_tokens, "answer_tokens": self.answer_tokens}
+        if self.per_dataset is not None:
+            counts["per_dataset"] = self.per_dataset
+        for field_name, count in counts.items():
             if count < 1:
                 raise ValueError(f"{field_name} must be at least 1, got {count}")
+        if self.tool_k and self.per_k > min(self.tool_k):
+            raise ValueError(f"per_k={self.per_k} exceeds the smallest tool set (K={min(self.tool_k)})")
 
 
 def evaluate(
