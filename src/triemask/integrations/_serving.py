@@ -1,0 +1,356 @@
+"""What the serving-engine adapters (vLLM, SGLang) share, free of any engine import.
+
+- the per-request arguments: ``triemask_values`` (a list of strings) or ``triemask_set``
+  (the name of a set registered at server start from ``$TRIEMASK_SETS``);
+- a byte-bounded LRU of compiled sets keyed by content hash, each with its arrays
+  uploaded to the engine's device once (:class:`~triemask.integrations.torch.DeviceAutomaton`);
+- the per-row bookkeeping: a row's state advanced from its output tokens, and all rows
+  of one set masked with one device operation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._automaton import TrieAutomaton
+from .._compile import Compiler
+from .._vocabulary import Vocabulary
+
+VALUES_ARG = "triemask_values"
+SET_ARG = "triemask_set"
+SETS_ENV = "TRIEMASK_SETS"  # a file (one set) or a folder of *.txt files (one set each)
+CACHE_BYTES_ENV = "TRIEMASK_CACHE_BYTES"
+DEFAULT_CACHE_BYTES = 1 << 30
+
+
+def load_sets(path: str | os.PathLike[str]) -> dict[str, list[str]]:
+    """Named sets from a file (one value per line, named by the file's stem) or a folder
+    of ``*.txt`` such files. Line ends are stripped; empty lines are skipped."""
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"{SETS_ENV}={str(path)!r}: no such file or folder")
+    files = sorted(root.glob("*.txt")) if root.is_dir() else [root]
+    if not files:
+        raise ValueError(f"{SETS_ENV}={str(path)!r}: the folder holds no *.txt file")
+    sets = {}
+    for file in files:
+        values = [line for line in file.read_text(encoding="utf-8").splitlines() if line]
+        if not values:
+            raise ValueError(f"{SETS_ENV}: {file} holds no value")
+        sets[file.stem] = values
+    return sets
+
+
+_REGISTERED: dict[str, list[str]] | None = None
+_REGISTERED_LOCK = threading.Lock()
+
+
+def registered_sets() -> dict[str, list[str]]:
+    """The sets named by ``$TRIEMASK_SETS``, read once per process (empty when unset)."""
+    global _REGISTERED
+    with _REGISTERED_LOCK:
+        if _REGISTERED is None:
+            path = os.environ.get(SETS_ENV)
+            _REGISTERED = load_sets(path) if path else {}
+        return _REGISTERED
+
+
+def requested_values(extra_args: Mapping[str, Any] | None) -> list[str] | None:
+    """The set a request asks for, or None when it asks for none.
+
+    Raises ``ValueError`` naming the field for anything malformed, so engines can
+    reject the request (HTTP 400) before it is scheduled.
+    """
+    if not extra_args:
+        return None
+    if not isinstance(extra_args, Mapping):
+        raise ValueError(f"extra_args must be a mapping, got {type(extra_args).__qualname__}")
+    values, name = extra_args.get(VALUES_ARG), extra_args.get(SET_ARG)
+    if values is None and name is None:
+        return None
+    if values is not None and name is not None:
+        raise ValueError(f"give either {VALUES_ARG!r} or {SET_ARG!r}, not both")
+    if name is not None:
+        if not isinstance(name, str):
+            raise ValueError(f"{SET_ARG!r} must be a set name (a string), got {type(name).__qualname__}")
+        sets = registered_sets()
+        if name not in sets:
+            known = ", ".join(sorted(sets)) or f"none: set {SETS_ENV} when starting the server"
+            raise ValueError(f"{SET_ARG!r}: unknown set {name!r} (registered: {known})")
+        return sets[name]
+    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+        raise ValueError(f"{VALUES_ARG!r} must be a non-empty list of strings, got {values!r:.80}")
+    for index, value in enumerate(values):
+        if not isinstance(value, str):
+            raise ValueError(
+                f"{VALUES_ARG!r} must be a list of strings; item {index} is {type(value).__qualname__} {value!r:.40}"
+            )
+    return list(values)
+
+
+@dataclass
+class CompiledSet:
+    """One compiled set, with its arrays on the engine's device."""
+
+    automaton: TrieAutomaton
+    device_automaton: Any  # triemask.integrations.torch.DeviceAutomaton
+    nbytes: int
+
+
+class CompiledSets:
+    """Compile sets on first sight; keep them in an LRU bounded in bytes.
+
+    Parameters
+    ----------
+    compiler : Compiler
+        The per-tokenizer index of the engine's model.
+    device : torch.device
+        Where each set's arrays go.
+    max_bytes : int, optional
+        Bound on the bytes held (host + device); default ``$TRIEMASK_CACHE_BYTES`` or 1 GiB.
+        A set in use by a request stays alive through that request even when evicted.
+    """
+
+    def __init__(self, compiler: Compiler, device: Any, max_bytes: int | None = None) -> None:
+        self.compiler = compiler
+        self.device = device
+        self.max_bytes = int(os.environ.get(CACHE_BYTES_ENV, DEFAULT_CACHE_BYTES)) if max_bytes is None else max_bytes
+        self._entries: OrderedDict[str, CompiledSet] = OrderedDict()
+        self._lock = threading.Lock()
+        self.nbytes = 0
+
+    @staticmethod
+    def key(values: Sequence[str]) -> str:
+        digest = hashlib.sha256()
+        for value in values:
+            encoded = value.encode("utf-8", "surrogatepass")
+            digest.update(len(encoded).to_bytes(8, "little"))
+            digest.update(encoded)
+        return digest.hexdigest()
+
+    def get(self, values: Sequence[str]) -> CompiledSet:
+        from .torch import DeviceAutomaton
+
+        key = self.key(values)
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                return entry
+        automaton = self.compiler.compile(values)
+        on_device = DeviceAutomaton(automaton, self.device)
+        entry = CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes)
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = entry
+                self.nbytes += entry.nbytes
+            while self.nbytes > self.max_bytes and len(self._entries) > 1:
+                _, evicted = self._entries.popitem(last=False)
+                self.nbytes -= evicted.nbytes
+            return self._entries.get(key, entry)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+_ENGINE_SETS: dict[tuple[Any, ...], CompiledSets] = {}
+_ENGINE_SETS_LOCK = threading.Lock()
+
+
+def compiled_sets_for_model(
+    tokenizer_name: str, vocab_size: int, device: Any, *, revision: str | None = None, trust_remote_code: bool = False
+) -> CompiledSets:
+    """The process-wide :class:`CompiledSets` of an engine's model and device.
+
+    The tokenizer is loaded with transformers; EOS ids are the tokenizer's and those of
+    the model's generation config (the tokens the engine stops at).
+    """
+    key = (tokenizer_name, revision, vocab_size, str(device))
+    with _ENGINE_SETS_LOCK:
+        if key not in _ENGINE_SETS:
+            from transformers import AutoTokenizer, GenerationConfig
+
+            tokenizer = AutoTokenizer.from_pretrained(
+                tokenizer_name, revision=revision, trust_remote_code=trust_remote_code
+            )
+            eos = {tokenizer.eos_token_id} - {None}
+            try:
+                generation = GenerationConfig.from_pretrained(tokenizer_name, revision=revision or "main").eos_token_id
+            except OSError:  # no generation config: the tokenizer's EOS is the one
+                generation = None
+            eos |= set(generation) if isinstance(generation, list | tuple) else {generation} - {None}
+            vocab = Vocabulary.from_huggingface(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos))
+            _ENGINE_SETS[key] = CompiledSets(Compiler(vocab), device)
+        return _ENGINE_SETS[key]
+
+
+PLACEHOLDER = -1  # vLLM's async scheduling pads output ids with -1 until the real ids arrive
+
+
+class Row:
+    """One constrained request in a batch: its set, its live output ids and its state."""
+
+    __slots__ = ("compiled", "consumed", "output_ids", "state")
+
+    def __init__(self, compiled: CompiledSet, output_ids: list[int]) -> None:
+        self.compiled = compiled
+        self.output_ids = output_ids  # the engine's live list
+        self.state = compiled.automaton.initial_state
+        self.consumed = 0
+
+    def catch_up(self) -> None:
+        """Advance the state through the output ids not seen yet (usually one)."""
+        automaton, ids = self.compiled.automaton, self.output_ids
+        while self.consumed < len(ids):
+            token = ids[self.consumed]
+            if token == PLACEHOLDER:
+                raise RuntimeError(
+                    "triemask: a request's output token ids hold the placeholder -1: vLLM's async "
+                    "scheduling repairs them only for processors passed with --logits-processors "
+                    "(or LLM(logits_processors=[...])), not for ones loaded from the entry point alone "
+                    "(vLLM issue #52461). Pass the processor explicitly, or use --no-async-scheduling."
+                )
+            if self.state >= 0 and not automaton.is_final(self.state):
+                self.state = automaton.next_state(self.state, token)
+            self.consumed += 1
+
+
+def mask_rows(logits: Any, rows: Mapping[int, Row]) -> Any:
+    """Mask the logits of every constrained row, in place: one device operation per set."""
+    import torch
+
+    groups: dict[int, tuple[CompiledSet, list[int], list[int]]] = {}
+    for index, row in rows.items():
+        group = groups.setdefault(id(row.compiled), (row.compiled, [], []))
+        group[1].append(index)
+        group[2].append(row.state)
+    for compiled, indices, states in groups.values():
+        device = logits.device
+        where = torch.tensor(indices, dtype=torch.int64, device=device)
+        state_tensor = torch.tensor(states, dtype=torch.int64, device=compiled.device_automaton.device)
+        allowed = compiled.device_automaton.allowed_mask(state_tensor, logits.shape[1]).to(device)
+        logits[where] = logits[where].masked_fill(~allowed, float("-inf"))
+    return logits
+
+
+class BatchRows:
+    """vLLM V1 runner bookkeeping: batch index -> :class:`Row`, kept in step with the
+    engine's ``BatchUpdate`` (removed, then added, then moved)."""
+
+    def __init__(self, sets: CompiledSets) -> None:
+        self.sets = sets
+        self.rows: dict[int, Row] = {}
+
+    def update(self, batch_update: Any) -> None:
+        if batch_update is not None:
+            for index in batch_update.removed:
+                self.rows.pop(index, None)
+            for index, params, _prompt_ids, output_ids in batch_update.added:
+                values = requested_values(getattr(params, "extra_args", None))
+                if values is None:
+                    self.rows.pop(index, None)  # the slot's previous occupant, if any
+                else:
+                    self.rows[index] = Row(self.sets.get(values), output_ids)
+            for first, second, direction in batch_update.moved:
+                moving, other = self.rows.pop(first, None), self.rows.pop(second, None)
+                if moving is not None:
+                    self.rows[second] = moving
+                if other is not None and getattr(direction, "name", direction) == "SWAP":
+                    self.rows[first] = other
+        for row in self.rows.values():
+            row.catch_up()
+
+    def apply(self, logits: Any) -> Any:
+        return mask_rows(logits, self.rows) if self.rows else logits
+
+
+class SlotStates:
+    """vLLM Model Runner V2 bookkeeping: the state of every request slot, on the device.
+
+    ``add`` (at admission) records the slot's set and schedules a reset; ``flush``
+    writes the resets; ``apply`` advances each constrained row by the token it was fed
+    (``ctx.input_ids``) and masks all of a set's rows in one device operation. The
+    number of output tokens a row has is ``seq_len - prompt_len`` from host arrays, so
+    nothing waits for the device; a slot that has more than one token to catch up (a
+    request resumed after preemption) replays them from ``all_token_ids``.
+    """
+
+    def __init__(self, sets: CompiledSets, req_states: Any) -> None:
+        import torch
+
+        self.sets = sets
+        self.req_states = req_states
+        slots = int(req_states.max_num_reqs)
+        self.compiled: list[CompiledSet | None] = [None] * slots
+        self.consumed = np.zeros(slots, dtype=np.int64)
+        self.states = torch.zeros(slots, dtype=torch.int64, device=req_states.device)
+        self._resets: list[int] = []
+
+    def add(self, slot: int, params: Any) -> bool:
+        values = requested_values(getattr(params, "extra_args", None))
+        self.compiled[slot] = None if values is None else self.sets.get(values)
+        self.consumed[slot] = 0
+        if values is not None:
+            self._resets.append(slot)
+        return values is not None
+
+    def flush(self) -> None:
+        if self._resets:
+            self.states[self._resets] = 0  # every automaton's initial state is node 0
+            self._resets.clear()
+
+    def apply(self, logits: Any, ctx: Any) -> Any:
+        import torch
+
+        self.flush()
+        slots = np.asarray(ctx.idx_mapping_np)
+        if len(slots) != logits.shape[0]:
+            raise RuntimeError(
+                f"triemask: {logits.shape[0]} logits rows for {len(slots)} requests: speculative decoding "
+                "is not supported by the triemask processor"
+            )
+        produced = np.maximum(
+            np.asarray(ctx.seq_lens_upper_bound_np, dtype=np.int64)[: len(slots)]
+            - self.req_states.prompt_len.np[slots],
+            0,
+        )
+        groups: dict[int, tuple[CompiledSet, list[int]]] = {}
+        for row, slot in enumerate(slots.tolist()):
+            compiled = self.compiled[slot]
+            if compiled is not None:
+                groups.setdefault(id(compiled), (compiled, []))[1].append(row)
+        for compiled, rows in groups.values():
+            on_device = compiled.device_automaton
+            row_slots = slots[rows]
+            new = produced[rows] - self.consumed[row_slots]
+            stepping = [i for i, n in enumerate(new.tolist()) if n == 1]
+            if stepping:  # the usual case: one new token, the one fed to the model this step
+                where = torch.tensor([rows[i] for i in stepping], device=logits.device)
+                targets = torch.from_numpy(row_slots[stepping]).to(self.states.device)
+                self.states[targets] = on_device.next_states(self.states[targets], ctx.input_ids[where])
+            for i, n in enumerate(new.tolist()):
+                if n > 1:
+                    self._replay(on_device, int(row_slots[i]), int(produced[rows[i]]))
+            self.consumed[row_slots] = produced[rows]
+            where = torch.tensor(rows, device=logits.device)
+            allowed = on_device.allowed_mask(self.states[torch.from_numpy(row_slots)], logits.shape[1])
+            logits[where] = logits[where].masked_fill(~allowed.to(logits.device), float("-inf"))
+        return logits
+
+    def _replay(self, on_device: Any, slot: int, produced: int) -> None:
+        """Walk a slot from the initial state through all of its output tokens."""
+        start = int(self.req_states.prompt_len.np[slot])
+        tokens = self.req_states.all_token_ids.gpu[slot, start : start + produced]
+        state = self.states[slot : slot + 1].clone().fill_(0)
+        for token in tokens.split(1):
+            state = on_device.next_states(state, token)
+        self.states[slot] = state[0]

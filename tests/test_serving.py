@@ -1,0 +1,242 @@
+"""The serving-engine core (``triemask.integrations._serving``) against faithful fakes of
+vLLM's interfaces: the V1 runner's ``BatchUpdate`` (removed, added with live output id
+lists, moved / swapped) and Model Runner V2's ``req_states`` / ``LogitsContext`` (recycled
+slots, reordered rows, preemption). The real vLLM runs in tests/test_vllm.py (marker vllm)."""
+
+from __future__ import annotations
+
+import enum
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import byte_vocabulary
+from triemask import Compiler
+
+torch = pytest.importorskip("torch")
+from triemask.integrations import _serving  # noqa: E402
+from triemask.integrations._serving import (  # noqa: E402
+    BatchRows,
+    CompiledSets,
+    SlotStates,
+    load_sets,
+    requested_values,
+)
+
+VALUES = ["get", "get_user", "get_users", "user", "us", "🦙", "slack.send_message"]
+OTHER = ["yes", "no"]
+
+
+class Move(enum.Enum):  # vLLM's MoveDirectionality
+    UNIDIRECTIONAL = enum.auto()
+    SWAP = enum.auto()
+
+
+@pytest.fixture
+def sets() -> CompiledSets:
+    return CompiledSets(Compiler(byte_vocabulary()), torch.device("cpu"))
+
+
+@pytest.fixture
+def registered(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    (tmp_path / "tools.txt").write_text("slack.send_message\ngithub.create_issue\n\n", encoding="utf-8")
+    (tmp_path / "answers.txt").write_text("yes\nno\n", encoding="utf-8")
+    monkeypatch.setenv(_serving.SETS_ENV, str(tmp_path))
+    monkeypatch.setattr(_serving, "_REGISTERED", None)
+    return tmp_path
+
+
+def params(**extra_args: object) -> SimpleNamespace:
+    return SimpleNamespace(extra_args=extra_args or None)
+
+
+def test_requests_name_their_set_or_list_it(registered) -> None:  # type: ignore[no-untyped-def]
+    assert requested_values(None) is None and requested_values({"temperature_hint": 1}) is None
+    assert requested_values({"triemask_values": ["a", "b"]}) == ["a", "b"]
+    assert requested_values({"triemask_set": "tools"}) == ["slack.send_message", "github.create_issue"]
+    assert load_sets(registered / "answers.txt") == {"answers": ["yes", "no"]}
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "message"),
+    [
+        ({"triemask_values": "abc"}, "'triemask_values' must be a non-empty list of strings, got 'abc'"),
+        ({"triemask_values": []}, "'triemask_values' must be a non-empty list of strings"),
+        ({"triemask_values": ["a", 3]}, "item 1 is int 3"),
+        ({"triemask_set": 7}, "'triemask_set' must be a set name"),
+        ({"triemask_set": "nope"}, r"unknown set 'nope' \(registered: answers, tools\)"),
+        ({"triemask_set": "tools", "triemask_values": ["a"]}, "not both"),
+    ],
+)
+def test_malformed_requests_name_the_field(registered, extra_args: dict, message: str) -> None:  # type: ignore[no-untyped-def,type-arg]
+    with pytest.raises(ValueError, match=message):
+        requested_values(extra_args)
+
+
+def test_set_files_must_exist_and_hold_values(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+        load_sets(tmp_path / "missing")
+    with pytest.raises(ValueError, match=r"no \*\.txt file"):
+        load_sets(tmp_path)
+    (tmp_path / "empty.txt").write_text("\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="holds no value"):
+        load_sets(tmp_path)
+
+
+def test_compiled_sets_are_shared_and_bounded_in_bytes(sets: CompiledSets) -> None:
+    first = sets.get(VALUES)
+    assert sets.get(list(VALUES)) is first and len(sets) == 1
+    assert CompiledSets.key(["ab", "c"]) != CompiledSets.key(["a", "bc"])  # lengths are hashed too
+    small = CompiledSets(sets.compiler, torch.device("cpu"), max_bytes=first.nbytes + 1)
+    a = small.get(VALUES)
+    small.get(OTHER)  # evicts the least recently used
+    assert len(small) == 1 and small.nbytes <= small.max_bytes + a.nbytes
+    assert small.get(VALUES) is not a  # compiled again
+
+
+def _spelled(automaton, tokens: list[int]) -> str | None:  # type: ignore[no-untyped-def]
+    state = automaton.initial_state
+    for token in tokens:
+        state = automaton.next_state(state, token)
+    return automaton.value_of(state) if state >= 0 and automaton.is_final(state) else None
+
+
+def test_v1_rows_follow_the_batch_through_adds_removes_moves_and_swaps(sets: CompiledSets) -> None:
+    rows = BatchRows(sets)
+    vocab = sets.compiler.vocab
+    eos = vocab.eos_token_ids[0]
+    rng = np.random.default_rng(0)
+    # request id -> (extra args, output ids); the batch holds request ids by index
+    requests = {r: (params(triemask_values=VALUES if r % 3 else OTHER) if r % 4 else params(), []) for r in range(12)}
+    waiting = list(requests)
+    batch: list[int | None] = [None] * 4
+    finished: dict[int, list[int]] = {}
+    steps = 0
+    while (waiting or any(r is not None for r in batch)) and steps < 400:
+        steps += 1
+        removed, added, moved = [], [], []
+        for index, r in enumerate(batch):
+            if r is not None and (requests[r][1][-1:] == [eos] or len(requests[r][1]) >= 40):
+                finished[r] = requests[r][1]
+                batch[index] = None
+                removed.append(index)
+        for index in range(len(batch)):
+            if batch[index] is None and waiting:
+                r = waiting.pop(0)
+                batch[index] = r
+                added.append((index, requests[r][0], [1, 2], requests[r][1]))
+        if rng.random() < 0.3:  # the engine condenses or reorders its persistent batch
+            a, b = rng.choice(len(batch), 2, replace=False).tolist()
+            if batch[a] is not None and batch[b] is None:  # condense: fill a hole
+                batch[b], batch[a] = batch[a], None
+                moved.append((a, b, Move.UNIDIRECTIONAL))
+            else:
+                batch[a], batch[b] = batch[b], batch[a]
+                moved.append((a, b, Move.SWAP))
+        rows.update(SimpleNamespace(batch_size=len(batch), removed=removed, added=added, moved=moved))
+        logits = torch.from_numpy(rng.standard_normal((len(batch), vocab.vocab_size)).astype(np.float32))
+        before = logits.clone()
+        out = rows.apply(logits)
+        for index, r in enumerate(batch):
+            if r is None:
+                continue
+            if requests[r][0].extra_args is None:  # unconstrained rows are left alone
+                assert torch.equal(out[index], before[index])
+            token = int(torch.argmax(out[index]))
+            requests[r][1].append(token)  # the engine appends to the live list
+    assert len(finished) == 12
+    for r, tokens in finished.items():
+        extra = requests[r][0].extra_args
+        if extra is not None:
+            automaton = sets.get(extra["triemask_values"]).automaton
+            assert _spelled(automaton, tokens) in extra["triemask_values"]
+
+
+def test_v1_rows_refuse_async_placeholders(sets: CompiledSets) -> None:
+    rows = BatchRows(sets)
+    output: list[int] = []
+    rows.update(SimpleNamespace(removed=[], added=[(0, params(triemask_values=VALUES), [1], output)], moved=[]))
+    output.append(-1)
+    with pytest.raises(RuntimeError, match="52461"):
+        rows.update(None)
+
+
+class FakeRequestStates:
+    """What Model Runner V2 hands a processor (``LogitsProcRequestState``)."""
+
+    def __init__(self, slots: int, max_len: int, vocab_size: int) -> None:
+        self.device = torch.device("cpu")
+        self.max_num_reqs = slots
+        self.vocab_size = vocab_size
+        self.prompt_len = SimpleNamespace(np=np.zeros(slots, dtype=np.int32))
+        self.all_token_ids = SimpleNamespace(gpu=torch.zeros((slots, max_len), dtype=torch.int32))
+        self.total_len = SimpleNamespace(gpu=torch.zeros(slots, dtype=torch.int32))
+
+
+def test_v2_slots_follow_recycled_slots_reordered_rows_and_preemption(sets: CompiledSets) -> None:
+    vocab = sets.compiler.vocab
+    eos = vocab.eos_token_ids[0]
+    req = FakeRequestStates(slots=5, max_len=64, vocab_size=vocab.vocab_size)
+    slots = SlotStates(sets, req)
+    rng = np.random.default_rng(1)
+    requests = {r: params(triemask_values=VALUES if r % 2 else OTHER) if r % 3 else params() for r in range(10)}
+    outputs: dict[int, list[int]] = {r: [] for r in requests}
+    slot_of: dict[int, int] = {}
+    waiting, free, done = list(requests), list(range(5)), {}
+
+    def admit(r: int) -> None:
+        slot = free.pop(rng.integers(len(free)))
+        slot_of[r] = slot
+        prompt = [7, 8, 9][: 1 + r % 3]
+        req.prompt_len.np[slot] = len(prompt)
+        history = prompt + outputs[r]  # a resumed request brings its partial output
+        req.all_token_ids.gpu[slot, : len(history)] = torch.tensor(history)
+        assert slots.add(slot, requests[r]) == (requests[r].extra_args is not None)
+
+    for _ in range(300):
+        while waiting and free:
+            admit(waiting.pop(0))
+        slots.flush()
+        if not slot_of:
+            break
+        active = list(slot_of)
+        rng.shuffle(active)  # rows are reordered every step
+        idx = np.array([slot_of[r] for r in active], dtype=np.int32)
+        seq = np.array([req.prompt_len.np[slot_of[r]] + len(outputs[r]) for r in active])
+        fed = [outputs[r][-1] if outputs[r] else 9 for r in active]
+        ctx = SimpleNamespace(
+            idx_mapping_np=idx,
+            idx_mapping=torch.from_numpy(idx),
+            expanded_idx_mapping=torch.from_numpy(idx),
+            input_ids=torch.tensor(fed),
+            seq_lens_upper_bound_np=seq,
+        )
+        logits = torch.from_numpy(rng.standard_normal((len(active), vocab.vocab_size)).astype(np.float32))
+        before = logits.clone()
+        out = slots.apply(logits, ctx)
+        for row, r in enumerate(active):
+            if requests[r].extra_args is None:
+                assert torch.equal(out[row], before[row])
+            token = int(torch.argmax(out[row]))
+            outputs[r].append(token)
+            slot = slot_of[r]
+            req.all_token_ids.gpu[slot, req.prompt_len.np[slot] + len(outputs[r]) - 1] = token
+            if token == eos or len(outputs[r]) >= 40:
+                done[r] = outputs[r]
+                free.append(slot_of.pop(r))
+            elif rng.random() < 0.05:  # preempted: back to the queue, resumed later in any slot
+                free.append(slot_of.pop(r))
+                waiting.append(r)
+    assert len(done) == 10
+    for r, tokens in done.items():
+        extra = requests[r].extra_args
+        if extra is not None:
+            assert _spelled(sets.get(extra["triemask_values"]).automaton, tokens) in extra["triemask_values"]
+
+
+def test_v2_slots_refuse_speculative_rows(sets: CompiledSets) -> None:
+    slots = SlotStates(sets, FakeRequestStates(2, 8, sets.compiler.vocab.vocab_size))
+    ctx = SimpleNamespace(idx_mapping_np=np.array([0]), seq_lens_upper_bound_np=np.array([1]), input_ids=None)
+    with pytest.raises(RuntimeError, match="speculative decoding"):
+        slots.apply(torch.zeros(2, sets.compiler.vocab.vocab_size), ctx)
