@@ -152,7 +152,8 @@ def test_default_model_loads_from_its_cache_and_chooses(tmp_path) -> None:  # ty
 
     model, tokenizer = triemask.load_default_model(cache_dir=tmp_path)  # converts and caches
     again, _ = triemask.load_default_model(cache_dir=tmp_path)  # from the cache
-    assert (tmp_path / "SmolLM2-135M-Instruct" / "config.json").exists()
+    config = (tmp_path / "SmolLM2-135M-Instruct" / "config.json").read_text()
+    assert "quantization_config" not in config  # plain float32 weights, loadable by vLLM
     ids = tokenizer("The capital of France is", return_tensors="pt").input_ids
     assert torch.allclose(model(ids).logits, again(ids).logits)
     labels = load_labels("trec")

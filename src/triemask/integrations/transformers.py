@@ -304,6 +304,10 @@ def load_default_model(cache_dir: str | os.PathLike[str] | None = None) -> tuple
         # transformers will not save a model loaded from GGUF; its de-quantised weights go into a plain copy
         model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)  # type: ignore[no-untyped-call,unused-ignore]
         model.load_state_dict(loaded.state_dict())
+        # the weights are plain float32 now: a config still naming GGUF quantization would make
+        # other loaders (vLLM) look for a GGUF file
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         partial = root / f".{DEFAULT_MODEL}.{os.getpid()}"
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
