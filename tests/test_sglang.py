@@ -1,0 +1,187 @@
+"""SGLang adapters against faithful fakes of SGLang 0.5.23's interfaces (SGLang itself
+needs CUDA kernels and does not install on this CPU-only machine).
+
+The fakes reproduce what the adapters touch: ``CustomLogitProcessor`` (re-instantiated
+for every batch, rows' ``custom_params`` carrying ``"__req__"`` with ``rid``,
+``output_ids``, ``tokenizer``, ``vocab_size``, ``eos_token_ids``), ``BaseGrammarObject`` /
+``BaseGrammarBackend`` (allocate / fill / move / apply of xgrammar-layout bitmasks,
+accept_token, is_terminated) and the plugin registry (``register_grammar_backend``,
+``add_grammar_backend_choices``).
+"""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import sys
+import types
+from array import array
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import byte_level_tokenizer
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+VALUES = ["get", "get_user", "get_users", "user", "us", "Paris", "slack.send_message"]
+
+
+class _CustomLogitProcessor(abc.ABC):
+    @abc.abstractmethod
+    def __call__(self, logits, custom_param_list=None): ...  # type: ignore[no-untyped-def]
+
+
+class _BaseGrammarObject:
+    def __init__(self) -> None:
+        self._finished = False
+        self.grammar_stats = None
+        self.current_token = None
+
+
+class _BaseGrammarBackend:
+    def __init__(self) -> None:
+        self.cache: dict = {}  # type: ignore[type-arg]
+
+
+class _XGrammarBackend:
+    def __init__(self, tokenizer, vocab_size, model_eos_token_ids=None):  # type: ignore[no-untyped-def]
+        self.calls: list[tuple[str, str]] = []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        if not name.startswith("dispatch_"):
+            raise AttributeError(name)
+        return lambda text: self.calls.append((name, text)) or ("xgrammar", name, text)
+
+
+@pytest.fixture
+def sglang(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    registry: dict = {}  # type: ignore[type-arg]
+    choices = ["xgrammar", "outlines", "llguidance", "none"]
+    modules = {
+        "sglang": types.ModuleType("sglang"),
+        "sglang.srt": types.ModuleType("sglang.srt"),
+        "sglang.srt.sampling": types.ModuleType("sglang.srt.sampling"),
+        "sglang.srt.sampling.custom_logit_processor": types.ModuleType("custom_logit_processor"),
+        "sglang.srt.constrained": types.ModuleType("sglang.srt.constrained"),
+        "sglang.srt.constrained.base_grammar_backend": types.ModuleType("base_grammar_backend"),
+        "sglang.srt.constrained.xgrammar_backend": types.ModuleType("xgrammar_backend"),
+        "sglang.srt.server_args": types.ModuleType("server_args"),
+    }
+    modules["sglang.srt.sampling.custom_logit_processor"].CustomLogitProcessor = _CustomLogitProcessor  # type: ignore[attr-defined]
+    base = modules["sglang.srt.constrained.base_grammar_backend"]
+    base.BaseGrammarObject = _BaseGrammarObject  # type: ignore[attr-defined]
+    base.BaseGrammarBackend = _BaseGrammarBackend  # type: ignore[attr-defined]
+    base.GRAMMAR_BACKEND_REGISTRY = registry  # type: ignore[attr-defined]
+    base.register_grammar_backend = registry.__setitem__  # type: ignore[attr-defined]
+    modules["sglang.srt.constrained.xgrammar_backend"].XGrammarGrammarBackend = _XGrammarBackend  # type: ignore[attr-defined]
+    modules["sglang.srt.server_args"].GRAMMAR_BACKEND_CHOICES = choices  # type: ignore[attr-defined]
+    modules["sglang.srt.server_args"].add_grammar_backend_choices = choices.extend  # type: ignore[attr-defined]
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "triemask.integrations.sglang", raising=False)
+    adapter = importlib.import_module("triemask.integrations.sglang")
+    yield SimpleNamespace(adapter=adapter, registry=registry, choices=choices)
+    sys.modules.pop("triemask.integrations.sglang", None)
+
+
+def _request(rid: str, tokenizer: object) -> SimpleNamespace:
+    return SimpleNamespace(
+        rid=rid,
+        output_ids=array("q"),
+        tokenizer=tokenizer,
+        vocab_size=300,
+        eos_token_ids={tokenizer.eos_token_id},  # type: ignore[attr-defined]
+    )
+
+
+def _spelled(tokenizer: object, ids: list[int]) -> str:
+    return str(tokenizer.decode([i for i in ids if i != tokenizer.eos_token_id]))  # type: ignore[attr-defined]
+
+
+def test_custom_logit_processor_keeps_each_request_in_its_set(sglang) -> None:  # type: ignore[no-untyped-def]
+    tokenizer = byte_level_tokenizer()
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    rng = np.random.default_rng(0)
+    requests = [_request(f"r{i}", tokenizer) for i in range(6)]
+    params = [
+        {"triemask_values": VALUES} if i % 3 == 0 else {"triemask_values": ["yes", "no"]} if i % 3 == 1 else None
+        for i in range(6)
+    ]
+    for step in range(40):
+        live = [i for i, r in enumerate(requests) if not (r.output_ids and r.output_ids[-1] == eos)]
+        if not live:
+            break
+        batch = [None if params[i] is None else {**params[i], "__req__": requests[i]} for i in live]
+        logits = torch.from_numpy(rng.standard_normal((len(live), 300)).astype(np.float32))
+        before = logits.clone()
+        out = sglang.adapter.TriemaskLogitProcessor()(logits, batch)  # a new instance per batch
+        for row, i in enumerate(live):
+            if params[i] is None:
+                assert torch.equal(out[row], before[row])
+            requests[i].output_ids.append(int(torch.argmax(out[row])) if params[i] or step < 39 else eos)
+    for i, request in enumerate(requests):
+        if params[i] is not None:
+            assert request.output_ids[-1] == eos
+            assert _spelled(tokenizer, list(request.output_ids)) in params[i]["triemask_values"]
+    with pytest.raises(ValueError, match="'triemask_values' must be a non-empty list"):
+        sglang.adapter.TriemaskLogitProcessor()(
+            torch.zeros(1, 300), [{"triemask_values": [], "__req__": _request("bad", tokenizer)}]
+        )
+
+
+def test_grammar_backend_compiles_alternations_and_hands_on_the_rest(sglang) -> None:  # type: ignore[no-untyped-def]
+    tokenizer = byte_level_tokenizer()
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    fallback = _XGrammarBackend(tokenizer, 300)
+    backend = sglang.adapter.TriemaskGrammarBackend(tokenizer, 300, {eos}, fallback=fallback)
+    regex = "^(?:" + "|".join(v.replace(".", "\\.") for v in VALUES) + ")$"
+    ebnf = "root ::= " + " | ".join(f'"{v}"' for v in VALUES)
+    grammars = [backend.dispatch_regex(regex), backend.dispatch_ebnf(ebnf), backend.dispatch_regex("yes|no")]
+    assert all(isinstance(g, sglang.adapter.TriemaskGrammar) for g in grammars)
+    # SGLang's loop: one bitmask for the batch, each grammar fills its row, the mask is applied
+    rng = np.random.default_rng(1)
+    copies = [g.copy() for g in grammars]
+    outputs: list[list[int]] = [[] for _ in copies]
+    for _ in range(40):
+        live = [i for i, g in enumerate(copies) if not g.is_terminated()]
+        if not live:
+            break
+        mask = copies[live[0]].allocate_vocab_mask(300, len(live), "cpu")
+        for row, i in enumerate(live):
+            copies[i].fill_vocab_mask(mask, row)
+        mask = copies[live[0]].move_vocab_mask(mask, torch.device("cpu"))
+        logits = torch.from_numpy(rng.standard_normal((len(live), 300)).astype(np.float32))
+        copies[live[0]].apply_vocab_mask(logits, mask)
+        for row, i in enumerate(live):
+            token = int(torch.argmax(logits[row]))
+            copies[i].accept_token(token)
+            outputs[i].append(token)
+    assert all(g.is_terminated() for g in copies)
+    assert all(_spelled(tokenizer, o) in s for o, s in zip(outputs, [VALUES, VALUES, ["yes", "no"]], strict=True))
+    with pytest.raises(ValueError, match="not allowed"):
+        grammars[2].copy().accept_token(tokenizer.convert_tokens_to_ids("x"))  # type: ignore[attr-defined]
+    # not a finite set: xgrammar's backend gets it, untouched
+    assert backend.dispatch_regex("[a-z]+") == ("xgrammar", "dispatch_regex", "[a-z]+")
+    assert backend.dispatch_json('{"type": "string"}')[1] == "dispatch_json"
+    assert fallback.calls == [("dispatch_regex", "[a-z]+"), ("dispatch_json", '{"type": "string"}')]
+
+
+def test_register_adds_the_backend_once(sglang) -> None:  # type: ignore[no-untyped-def]
+    sglang.adapter.register()
+    sglang.adapter.register()
+    assert sglang.choices.count("triemask") == 1
+    tokenizer = byte_level_tokenizer()
+    backend = sglang.registry["triemask"](SimpleNamespace(), tokenizer, 300, {tokenizer.eos_token_id})  # type: ignore[attr-defined]
+    assert isinstance(backend, sglang.adapter.TriemaskGrammarBackend)
+
+
+def test_torch_bitmask_application_follows_the_shared_layout(sglang) -> None:  # type: ignore[no-untyped-def]
+    mask = torch.randint(-(2**31), 2**31 - 1, (3, 10), dtype=torch.int32)
+    logits = torch.zeros(3, 330)  # wider than the mask's 320 bits: the extra columns close
+    sglang.adapter._apply_bitmask(logits, mask)
+    bits = np.unpackbits(mask.numpy().view(np.uint8), axis=1, bitorder="little").astype(bool)
+    assert torch.equal(torch.isfinite(logits[:, :320]), torch.from_numpy(bits))
+    assert torch.isinf(logits[:, 320:]).all()
