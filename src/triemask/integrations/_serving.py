@@ -244,6 +244,13 @@ class CompiledSets:
         return len(self._entries)
 
 
+def hf_vocabulary(tokenizer: Any, vocab_size: int, eos_token_ids: Any = None) -> Vocabulary:
+    """The :class:`Vocabulary` of a Hugging Face tokenizer at the model's logits width; EOS
+    ids are the tokenizer's and ``eos_token_ids`` (the other tokens the engine stops at)."""
+    eos = ({tokenizer.eos_token_id} | set(eos_token_ids or ())) - {None}
+    return Vocabulary.from_huggingface(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos))
+
+
 _ENGINE_SETS: dict[tuple[Any, ...], CompiledSets] = {}
 _ENGINE_SETS_LOCK = threading.Lock()
 
@@ -264,14 +271,12 @@ def compiled_sets_for_model(
             tokenizer = AutoTokenizer.from_pretrained(
                 tokenizer_name, revision=revision, trust_remote_code=trust_remote_code
             )
-            eos = {tokenizer.eos_token_id} - {None}
             try:
                 generation = GenerationConfig.from_pretrained(tokenizer_name, revision=revision or "main").eos_token_id
             except OSError:  # no generation config: the tokenizer's EOS is the one
                 generation = None
-            eos |= set(generation) if isinstance(generation, list | tuple) else {generation} - {None}
-            vocab = Vocabulary.from_huggingface(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos))
-            _ENGINE_SETS[key] = CompiledSets(Compiler(vocab), device)
+            extra = generation if isinstance(generation, list | tuple) else [generation]
+            _ENGINE_SETS[key] = CompiledSets(Compiler(hf_vocabulary(tokenizer, vocab_size, extra)), device)
         return _ENGINE_SETS[key]
 
 

@@ -26,8 +26,7 @@ from typing import Any
 from .._automaton import TrieAutomaton
 from .._compile import Compiler
 from .._matcher import Matcher
-from .._vocabulary import Vocabulary
-from ._serving import CompiledSets, Row, literal_alternatives, mask_rows, requested_values
+from ._serving import CompiledSets, Row, hf_vocabulary, literal_alternatives, mask_rows, requested_values
 
 try:
     import torch
@@ -44,16 +43,11 @@ _ROWS: OrderedDict[str, Row] = OrderedDict()  # per request id; processors are r
 _MAX_ROWS = 1 << 16
 
 
-def _vocabulary(tokenizer: Any, vocab_size: int, eos_token_ids: Any) -> Vocabulary:
-    eos = set(eos_token_ids or ()) | ({tokenizer.eos_token_id} - {None})
-    return Vocabulary.from_huggingface(tokenizer, vocab_size=vocab_size, eos_token_ids=sorted(eos))
-
-
 def _sets_for(req: Any, device: Any) -> CompiledSets:
     key = (id(req.tokenizer), int(req.vocab_size), str(device))
     with _LOCK:
         if key not in _SETS:
-            vocab = _vocabulary(req.tokenizer, int(req.vocab_size), getattr(req, "eos_token_ids", None))
+            vocab = hf_vocabulary(req.tokenizer, int(req.vocab_size), getattr(req, "eos_token_ids", None))
             _SETS[key] = CompiledSets(Compiler(vocab), device)
         return _SETS[key]
 
@@ -138,7 +132,7 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Any = None, fallback: Any = None) -> None:
         super().__init__()
-        self.compiler = Compiler(_vocabulary(tokenizer, vocab_size, eos_token_ids))
+        self.compiler = Compiler(hf_vocabulary(tokenizer, vocab_size, eos_token_ids))
         self._fallback = fallback
         self._fallback_args = (tokenizer, vocab_size, eos_token_ids)
 
