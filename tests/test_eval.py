@@ -147,3 +147,16 @@ def test_the_demo_answers_every_question_with_a_member(capsys: pytest.CaptureFix
     demo(limit=None)
     out = capsys.readouterr().out
     assert "valid answers: triemask 8/8" in out and "compiled 74,719 ICD-10-CM codes" in out
+
+
+def test_demo_and_eval_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from triemask._cli import main
+
+    monkeypatch.setitem(sys.modules, "rich", None)  # as if the [demo] extra were missing
+    for command in (["demo"], ["eval", "--per-dataset", "1"]):
+        with pytest.raises(
+            SystemExit, match=r"needs the \[demo\] extra .*pip install torch==2.13.0 'triemask\[demo\]'"
+        ):
+            main(command)

@@ -33,7 +33,7 @@ def _qwen_vocabulary() -> tuple[Vocabulary, object]:
 
 def walk_demo(values: int, walks: int, seed: int) -> None:
     """Compile a tool registry against the Qwen vocabulary and decode from it."""
-    print(f"triemask demo: choose one of {values:,} tool names with the Qwen2.5 vocabulary\n")
+    print(f"triemask walk: choose one of {values:,} tool names with the Qwen2.5 vocabulary\n")
     started = time.perf_counter()
     vocab, tokenizer = _qwen_vocabulary()
     print(f"vocabulary   {vocab!r}\n             loaded in {time.perf_counter() - started:.2f} s")
@@ -167,12 +167,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.command == "walk":
         walk_demo(args.values, args.walks, args.seed)
-    elif args.command == "demo":
-        from ._demo import demo
+        return
+    try:
+        import rich  # noqa: F401  the progress bars and tables of demo and eval
 
-        demo(args.questions)
-    else:
-        run_eval(args)
+        if args.command == "demo":
+            from ._demo import demo
+
+            demo(args.questions)
+        else:
+            run_eval(args)
+    except ImportError as error:  # the model extras are missing: say what to install
+        sys.exit(
+            f"triemask {args.command} needs the [demo] extra ({error}): pip install torch==2.13.0 'triemask[demo]'"
+        )
 
 
 def _positive(text: str) -> int:
