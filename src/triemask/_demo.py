@@ -90,6 +90,7 @@ def demo(limit: int | None = None) -> None:
             timings[name] = time.perf_counter() - started
             progress.remove_task(task)
 
+        longest_bytes = {name: max(len(value.encode()) for value in values) for name, values in sets.items()}
         descriptions = datasets.load_icd10cm_descriptions()
         rows = []
         mask_steps, mask_seconds = 0, 0.0
@@ -98,7 +99,7 @@ def demo(limit: int | None = None) -> None:
         for question in questions:
             prompt = _render(tokenizer, question.text, SYSTEM[question.set_name])
             automaton = automata[question.set_name]
-            longest = max(len(value.encode()) for value in sets[question.set_name])
+            longest = longest_bytes[question.set_name]
             constrained = generator.generate(prompt, automaton=automaton, max_new_tokens=longest + 1)
             unconstrained = generator.generate(prompt, automaton=None, max_new_tokens=32, first_line=True)
             mask_steps += constrained.mask_steps

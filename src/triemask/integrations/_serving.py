@@ -376,18 +376,30 @@ class SlotStates:
         self.sets = sets
         self.req_states = req_states
         slots = int(req_states.max_num_reqs)
-        self.compiled: list[CompiledSet | None] = [None] * slots
+        self.compiled: list[CompiledSet] = []  # the sets in use, indexed by set_of
+        self.set_of = np.full(slots, -1, dtype=np.int64)  # per slot: its set's index, -1 for none
         self.consumed = np.zeros(slots, dtype=np.int64)
         self.states = torch.zeros(slots, dtype=torch.int64, device=req_states.device)
         self._resets: list[int] = []
 
     def add(self, slot: int, params: Any) -> bool:
         values = requested_values(getattr(params, "extra_args", None))
-        self.compiled[slot] = None if values is None else self.sets.get(values)
         self.consumed[slot] = 0
-        if values is not None:
-            self._resets.append(slot)
-        return values is not None
+        if values is None:
+            self.set_of[slot] = -1
+            return False
+        compiled = self.sets.get(values)
+        known = next((i for i, c in enumerate(self.compiled) if c is compiled), None)
+        if known is None:
+            in_use = set(self.set_of[self.set_of >= 0].tolist())
+            known = next((i for i in range(len(self.compiled)) if i not in in_use), len(self.compiled))
+            if known == len(self.compiled):
+                self.compiled.append(compiled)
+            else:
+                self.compiled[known] = compiled  # reuse the entry of a set no slot holds any more
+        self.set_of[slot] = known
+        self._resets.append(slot)
+        return True
 
     def flush(self) -> None:
         if self._resets:
@@ -398,7 +410,7 @@ class SlotStates:
         import torch
 
         self.flush()
-        slots = np.asarray(ctx.idx_mapping_np)
+        slots = np.asarray(ctx.idx_mapping_np, dtype=np.int64)
         if len(slots) != logits.shape[0]:
             raise RuntimeError(
                 f"triemask: {logits.shape[0]} logits rows for {len(slots)} requests: speculative decoding "
@@ -409,25 +421,21 @@ class SlotStates:
             - self.req_states.prompt_len.np[slots],
             0,
         )
-        groups: dict[int, tuple[CompiledSet, list[int]]] = {}
-        for row, slot in enumerate(slots.tolist()):
-            compiled = self.compiled[slot]
-            if compiled is not None:
-                groups.setdefault(id(compiled), (compiled, []))[1].append(row)
-        for compiled, rows in groups.values():
-            on_device = compiled.device_automaton
+        row_sets = self.set_of[slots]
+        for index in np.unique(row_sets[row_sets >= 0]).tolist():
+            on_device = self.compiled[index].device_automaton
+            rows = np.flatnonzero(row_sets == index)
             row_slots = slots[rows]
             new = produced[rows] - self.consumed[row_slots]
-            stepping = [i for i, n in enumerate(new.tolist()) if n == 1]
-            if stepping:  # the usual case: one new token, the one fed to the model this step
-                where = torch.tensor([rows[i] for i in stepping], device=logits.device)
+            stepping = new == 1  # the usual case: one new token, the one fed to the model this step
+            if stepping.any():
+                where = torch.from_numpy(rows[stepping]).to(logits.device, non_blocking=True)
                 targets = torch.from_numpy(row_slots[stepping]).to(self.states.device)
                 self.states[targets] = on_device.next_states(self.states[targets], ctx.input_ids[where])
-            for i, n in enumerate(new.tolist()):
-                if n > 1:
-                    self._replay(on_device, int(row_slots[i]), int(produced[rows[i]]))
+            for slot, count in zip(row_slots[new > 1].tolist(), produced[rows][new > 1].tolist(), strict=True):
+                self._replay(on_device, slot, count)  # rare: a request resumed after preemption
             self.consumed[row_slots] = produced[rows]
-            where = torch.tensor(rows, dtype=torch.int64).to(logits.device, non_blocking=True)
+            where = torch.from_numpy(rows).to(logits.device, non_blocking=True)
             on_device.mask_logits(logits, self.states[torch.from_numpy(row_slots).to(self.states.device)], where)
         return logits
 

@@ -56,7 +56,6 @@ class SharedPrefixGenerator:
         # transformers 5 renamed generate's past_key_values to cache
         self._cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._cache = None
-        self._breaks: tuple[frozenset[int], frozenset[int]] | None = None
         if self._prefix_ids:
             with torch.no_grad():
                 output = model(input_ids=torch.tensor([self._prefix_ids], device=model.device), use_cache=True)
@@ -99,14 +98,17 @@ class SharedPrefixGenerator:
 
     def _line_breaks(self) -> tuple[frozenset[int], frozenset[int]]:
         """Tokens that contain a line break, and tokens that are only white space."""
-        if self._breaks is None:
-            vocab = compiler_for(self.model, self.tokenizer).vocab
+        vocab = compiler_for(self.model, self.tokenizer).vocab
+        if vocab.fingerprint not in _LINE_BREAKS:
             spelled = [(token, vocab.token_bytes(token)) for token in range(vocab.vocab_size)]
-            self._breaks = (
+            _LINE_BREAKS[vocab.fingerprint] = (
                 frozenset(token for token, text in spelled if text is not None and b"\n" in text),
                 frozenset(token for token, text in spelled if text is not None and not text.strip()),
             )
-        return self._breaks
+        return _LINE_BREAKS[vocab.fingerprint]
+
+
+_LINE_BREAKS: dict[str, tuple[frozenset[int], frozenset[int]]] = {}  # per vocabulary fingerprint
 
 
 class _FirstLine(StoppingCriteria):  # type: ignore[misc,unused-ignore]  # Any without transformers
