@@ -12,13 +12,16 @@ import numpy as np
 import pytest
 
 from conftest import byte_vocabulary
-from triemask import Compiler
+from triemask import Compiler, Vocabulary
 
 torch = pytest.importorskip("torch")
 from triemask.integrations import _serving  # noqa: E402
 from triemask.integrations._serving import (  # noqa: E402
     BatchRows,
     CompiledSets,
+    Limits,
+    RequestError,
+    SetCompileError,
     SlotStates,
     literal_alternatives,
     load_sets,
@@ -66,23 +69,86 @@ def test_requests_name_their_set_or_list_it(registered) -> None:  # type: ignore
         ({"triemask_values": []}, "'triemask_values' must be a non-empty list of strings"),
         ({"triemask_values": ["a", 3]}, "item 1 is int 3"),
         ({"triemask_set": 7}, "'triemask_set' must be a set name"),
-        ({"triemask_set": "nope"}, r"unknown set 'nope' \(registered: answers, tools\)"),
+        ({"triemask_set": "nope"}, r"unknown set 'nope'$"),  # other sets' names are not told to the client
+        ({"triemask_values": ["ok", "\ud800"]}, r"item 1 is not valid Unicode \(surrogates not allowed"),
+        ({"triemask_values": ["a"] * 11}, r"holds 11 values, more than the server's limit of 10 \(\$TRIEMASK_MAX_VALUES\)"),
+        ({"triemask_values": ["é" * 9]}, r"item 0 has 18 UTF-8 bytes, more than the server's limit of 16"),
+        ({"triemask_values": ["abcdefgh"] * 5}, r"limit of 32 UTF-8 bytes per set \(\$TRIEMASK_MAX_SET_BYTES\) at item 4"),
         ({"triemask_set": "tools", "triemask_values": ["a"]}, "not both"),
     ],
 )
-def test_malformed_requests_name_the_field(registered, extra_args: dict, message: str) -> None:  # type: ignore[no-untyped-def,type-arg]
-    with pytest.raises(ValueError, match=message):
+def test_malformed_requests_name_the_field(registered, extra_args: dict, message: str, monkeypatch) -> None:  # type: ignore[no-untyped-def,type-arg]
+    monkeypatch.setenv("TRIEMASK_MAX_VALUES", "10")
+    monkeypatch.setenv("TRIEMASK_MAX_VALUE_BYTES", "16")
+    monkeypatch.setenv("TRIEMASK_MAX_SET_BYTES", "32")
+    with pytest.raises(RequestError, match=message):
         requested_values(extra_args)
 
 
+def test_limits_come_from_the_environment_and_are_checked() -> None:
+    assert Limits.from_env({}) == Limits()
+    assert Limits.from_env({"TRIEMASK_MAX_VALUES": "5"}).max_values == 5
+    for bad in ("ten", "0", "-3"):
+        with pytest.raises(ValueError, match="TRIEMASK_MAX_SET_BYTES"):
+            Limits.from_env({"TRIEMASK_MAX_SET_BYTES": bad})
+    # at the default limits the 64-bit edge keys hold any set for vocabularies up to 2**20 ids
+    limits = Limits()
+    nodes = limits.max_set_bytes + 1
+    assert nodes.bit_length() + (nodes + limits.max_values).bit_length() + 20 <= 64
+
+
 def test_set_files_must_exist_and_hold_values(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(FileNotFoundError, match="no such file or folder"):
+    with pytest.raises(ValueError, match="no such file or folder"):
         load_sets(tmp_path / "missing")
     with pytest.raises(ValueError, match=r"no \*\.txt file"):
         load_sets(tmp_path)
     (tmp_path / "empty.txt").write_text("\n", encoding="utf-8")
     with pytest.raises(ValueError, match="holds no value"):
         load_sets(tmp_path)
+
+
+def test_set_files_are_strict_utf8_split_at_line_ends_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    odd = ["a\u2028b", "form\ffeed", "next\x85line", "tab\there", "crlf"]
+    (tmp_path / "odd.txt").write_bytes(b"\xef\xbb\xbf" + "\n".join(odd[:-1]).encode() + b"\r\ncrlf\r\n")
+    assert load_sets(tmp_path / "odd.txt") == {"odd": odd}  # BOM dropped, \r\n and \n only
+    (tmp_path / "latin1.txt").write_bytes("caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"latin1\.txt is not UTF-8: byte 0xe9 at offset 3"):
+        load_sets(tmp_path)
+
+
+def test_registered_sets_are_read_once_and_a_failure_is_kept(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(_serving.SETS_ENV, str(tmp_path / "missing"))
+    monkeypatch.setattr(_serving, "_REGISTERED", None)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="no such file or folder"):
+            _serving.registered_sets()
+    (tmp_path / "missing").mkdir()
+    (tmp_path / "missing" / "yes.txt").write_text("yes\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no such file or folder"):  # kept, not read again
+        _serving.registered_sets()
+    with pytest.raises(RequestError, match="registered sets could not be loaded"):  # a 400, not a crash
+        requested_values({"triemask_set": "yes"})
+
+
+def test_registered_sets_compile_at_start_up_with_one_log_line(registered, sets, caplog) -> None:  # type: ignore[no-untyped-def]
+    with caplog.at_level("INFO", logger="triemask"):
+        _serving.compile_registered(sets)
+    assert "2 registered sets (answers, tools; 4 values) compiled in" in caplog.text
+    tiny = CompiledSets(sets.compiler, torch.device("cpu"), max_bytes=1)
+    _serving.compile_registered(tiny)
+    tiny.get(VALUES)
+    tiny.get(OTHER)  # evicts unpinned sets only
+    pinned = tiny.get(["slack.send_message", "github.create_issue"])
+    assert tiny.get(["slack.send_message", "github.create_issue"]) is pinned
+
+
+def test_registered_sets_that_do_not_compile_stop_the_start_up(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "bad.txt").write_text("ok\nnul\x00here\n", encoding="utf-8")
+    monkeypatch.setenv(_serving.SETS_ENV, str(tmp_path))
+    monkeypatch.setattr(_serving, "_REGISTERED", None)
+    vocab = Vocabulary([bytes([b]) for b in range(1, 256)] + [None], eos_token_ids=255)  # no NUL token
+    with pytest.raises(ValueError, match="set 'bad' does not compile"):
+        _serving.compile_registered(CompiledSets(Compiler(vocab), torch.device("cpu")))
 
 
 @pytest.mark.parametrize(
@@ -176,13 +242,57 @@ def test_v1_rows_follow_the_batch_through_adds_removes_moves_and_swaps(sets: Com
             assert _spelled(automaton, tokens) in extra["triemask_values"]
 
 
-def test_v1_rows_refuse_async_placeholders(sets: CompiledSets) -> None:
+def test_v1_rows_with_async_placeholders_end_alone(sets: CompiledSets, caplog) -> None:  # type: ignore[no-untyped-def]
     rows = BatchRows(sets)
     output: list[int] = []
-    rows.update(SimpleNamespace(removed=[], added=[(0, params(triemask_values=VALUES), [1], output)], moved=[]))
+    fine: list[int] = []
+    added = [(0, params(triemask_values=VALUES), [1], output), (1, params(triemask_values=OTHER), [1], fine)]
+    rows.update(SimpleNamespace(removed=[], added=added, moved=[]))
     output.append(-1)
-    with pytest.raises(RuntimeError, match="52461"):
-        rows.update(None)
+    fine.append(ord("y"))
+    rows.update(None)  # no exception out of the engine step
+    assert "52461" in caplog.text
+    assert _only_eos(rows, sets, 0) and rows.rows[1].state != 0
+
+
+def _only_eos(rows: BatchRows, sets: CompiledSets, index: int) -> bool:
+    logits = torch.zeros(max(rows.rows) + 1, sets.compiler.vocab.vocab_size)
+    rows.apply(logits)
+    return torch.isfinite(logits[index]).nonzero().flatten().tolist() == list(sets.compiler.vocab.eos_token_ids)
+
+
+def test_a_set_that_fails_to_compile_ends_its_request_alone(caplog) -> None:  # type: ignore[no-untyped-def]
+    vocab = Vocabulary([bytes([b]) for b in range(1, 256)] + [None], eos_token_ids=255)  # no token spells NUL
+    sets = CompiledSets(Compiler(vocab), torch.device("cpu"))
+    rows = BatchRows(sets)
+    bad = params(triemask_values=["ok", "nul\x00"])
+    added = [(0, params(triemask_values=OTHER), [], []), (1, bad, [], []), (2, params(), [], [])]
+    rows.update(SimpleNamespace(removed=[], added=added, moved=[]))  # all three are in, none raised
+    assert sorted(rows.rows) == [0, 1] and "row 1 ended (only EOS allowed)" in caplog.text
+    assert "cannot be spelled" in caplog.text and _only_eos(rows, sets, 1) and not _only_eos(rows, sets, 0)
+    with pytest.raises(SetCompileError, match="cannot be spelled"):  # remembered: not compiled again
+        sets.get(["ok", "nul\x00"])
+    # Model Runner V2: the same request is admitted to an EOS-only slot
+    slots = SlotStates(sets, FakeRequestStates(2, 8, vocab.vocab_size))
+    assert slots.add(0, bad) and slots.add(1, params(triemask_values=OTHER))
+    ctx = SimpleNamespace(idx_mapping_np=np.array([0, 1]), seq_lens_upper_bound_np=np.array([0, 0]), input_ids=None)
+    out = slots.apply(torch.zeros(2, vocab.vocab_size), ctx)
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [255]
+    assert sorted(torch.isfinite(out[1]).nonzero().flatten().tolist()) == [ord("n") - 1, ord("y") - 1]  # id = byte - 1
+
+
+def test_a_compile_that_raises_anything_ends_only_that_request(sets: CompiledSets, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def explode(values):  # type: ignore[no-untyped-def]
+        if "boom" in values:
+            raise MemoryError("no room")
+        return original(values)
+
+    original = sets._compile
+    monkeypatch.setattr(sets, "_compile", explode)
+    rows = BatchRows(sets)
+    added = [(0, params(triemask_values=["boom"]), [], []), (1, params(triemask_values=OTHER), [], [])]
+    rows.update(SimpleNamespace(removed=[], added=added, moved=[]))
+    assert _only_eos(rows, sets, 0) and not _only_eos(rows, sets, 1)
 
 
 class FakeRequestStates:

@@ -41,6 +41,9 @@ class _BaseGrammarObject:
         self.current_token = None
 
 
+_INVALID_GRAMMAR = _BaseGrammarObject()
+
+
 class _BaseGrammarBackend:
     def __init__(self) -> None:
         self.cache: dict = {}  # type: ignore[type-arg]
@@ -75,6 +78,7 @@ def sglang(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     base.BaseGrammarObject = _BaseGrammarObject  # type: ignore[attr-defined]
     base.BaseGrammarBackend = _BaseGrammarBackend  # type: ignore[attr-defined]
     base.GRAMMAR_BACKEND_REGISTRY = registry  # type: ignore[attr-defined]
+    base.INVALID_GRAMMAR_OBJ = _INVALID_GRAMMAR  # type: ignore[attr-defined]
     base.register_grammar_backend = registry.__setitem__  # type: ignore[attr-defined]
     modules["sglang.srt.constrained.xgrammar_backend"].XGrammarGrammarBackend = _XGrammarBackend  # type: ignore[attr-defined]
     modules["sglang.srt.server_args"].GRAMMAR_BACKEND_CHOICES = choices  # type: ignore[attr-defined]
@@ -88,13 +92,16 @@ def sglang(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
 
 
 def _request(rid: str, tokenizer: object) -> SimpleNamespace:
-    return SimpleNamespace(
+    request = SimpleNamespace(
         rid=rid,
         output_ids=array("q"),
         tokenizer=tokenizer,
         vocab_size=300,
         eos_token_ids={tokenizer.eos_token_id},  # type: ignore[attr-defined]
+        aborted=None,
     )
+    request.set_finish_with_abort = lambda message: setattr(request, "aborted", message)  # as Req does
+    return request
 
 
 def _spelled(tokenizer: object, ids: list[int]) -> str:
@@ -126,10 +133,43 @@ def test_custom_logit_processor_keeps_each_request_in_its_set(sglang) -> None:  
         if params[i] is not None:
             assert request.output_ids[-1] == eos
             assert _spelled(tokenizer, list(request.output_ids)) in params[i]["triemask_values"]
-    with pytest.raises(ValueError, match="'triemask_values' must be a non-empty list"):
-        sglang.adapter.TriemaskLogitProcessor()(
-            torch.zeros(1, 300), [{"triemask_values": [], "__req__": _request("bad", tokenizer)}]
-        )
+
+
+
+@pytest.mark.parametrize(
+    ("custom_params", "reason"),
+    [
+        ({"triemask_values": "yes"}, "'triemask_values' must be a non-empty list of strings"),
+        ({"triemask_values": []}, "'triemask_values' must be a non-empty list"),
+        ({"triemask_set": "nope"}, "unknown set 'nope'"),
+        ({"triemask_values": ["ok", "\ud800"]}, "item 1 is not valid Unicode"),
+        ({"triemask_values": ["x" * 2000]}, "more than the server's limit of 1024"),
+        ({"triemask_values": ["ok", "boom"]}, "set cannot be compiled for this model"),
+    ],
+)
+def test_a_bad_request_is_aborted_alone_inside_the_forward_pass(sglang, custom_params, reason, caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from triemask.integrations._serving import CompiledSets
+
+    compile_set = CompiledSets._compile
+
+    def fails_on_boom(self, values):  # type: ignore[no-untyped-def]  # e.g. the edge-key limit or memory
+        if "boom" in values:
+            raise MemoryError("cannot allocate the edges")
+        return compile_set(self, values)
+
+    monkeypatch.setattr(CompiledSets, "_compile", fails_on_boom)
+    tokenizer = byte_level_tokenizer()
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    case = abs(hash(reason))  # request ids are global to the adapter: one pair per case
+    bad, good = _request(f"bad-{case}", tokenizer), _request(f"good-{case}", tokenizer)
+    for _ in range(2):  # checked once: the second step neither raises nor aborts again
+        logits = torch.zeros(3, 300)
+        batch = [{**custom_params, "__req__": bad}, {"triemask_values": ["yes", "no"], "__req__": good}, None]
+        out = sglang.adapter.TriemaskLogitProcessor()(logits, batch)
+        assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [eos]  # only EOS: it stops now
+        assert torch.isfinite(out[1]).sum() == 2 and torch.isfinite(out[2]).all()
+    assert reason in bad.aborted and good.aborted is None
+    assert caplog.text.count(reason) == 1
 
 
 def test_grammar_backend_compiles_alternations_and_hands_on_the_rest(sglang) -> None:  # type: ignore[no-untyped-def]
@@ -167,6 +207,15 @@ def test_grammar_backend_compiles_alternations_and_hands_on_the_rest(sglang) -> 
     assert backend.dispatch_regex("[a-z]+") == ("xgrammar", "dispatch_regex", "[a-z]+")
     assert backend.dispatch_json('{"type": "string"}')[1] == "dispatch_json"
     assert fallback.calls == [("dispatch_regex", "[a-z]+"), ("dispatch_json", '{"type": "string"}')]
+    # what cannot be compiled is SGLang's invalid grammar (SGLang aborts that request), never an exception
+    assert backend.dispatch_regex("\\ud800|yes") is sglang.adapter._INVALID_GRAMMAR is _INVALID_GRAMMAR
+    assert backend.dispatch_regex("|".join(f"v{i}" for i in range(100_001))) is _INVALID_GRAMMAR  # over the limit
+
+    def out_of_memory(values: list[str]) -> None:
+        raise MemoryError("cannot allocate the edges")
+
+    backend.compiler = SimpleNamespace(compile=out_of_memory)
+    assert backend.dispatch_ebnf('root ::= "a" | "b"') is _INVALID_GRAMMAR
 
 
 def test_register_adds_the_backend_once(sglang) -> None:  # type: ignore[no-untyped-def]

@@ -82,10 +82,16 @@ def test_one_processor_serves_successive_generate_calls() -> None:
         tiny_causal_lm(vocab.vocab_size, 7),
         automaton.eos_token_ids[0],
     )
-    for prompt_length in (5, 2, 9):  # a new call is recognised by its length
+    lengths = [5, 2, 9]
+    for _ in range(2):  # a prompt one token longer than the previous call's last input is a new call too
+        out = model.generate(  # type: ignore[attr-defined]
+            torch.arange(1, lengths[-1] + 1).unsqueeze(0), logits_processor=[processor], max_new_tokens=20, eos_token_id=eos, pad_token_id=eos
+        )
+        lengths.append(out.shape[1])
+    for prompt_length in lengths:
         ids = torch.arange(1, prompt_length + 1).unsqueeze(0)
         out = model.generate(ids, logits_processor=[processor], max_new_tokens=20, eos_token_id=eos, pad_token_id=eos)  # type: ignore[attr-defined]
-        assert _value(automaton, out[0, prompt_length:].tolist()) in NESTED
+        assert _value(automaton, out[0, prompt_length:].tolist()) in NESTED, prompt_length
 
 
 def test_bad_arguments_are_explained() -> None:

@@ -17,10 +17,12 @@ from ._automaton import DEAD, TrieAutomaton
 from ._bitmask import allocate_token_bitmask, bitmask_width
 from ._compile import Compiler
 from ._errors import (
+    ArgumentTypeError,
     BitmaskError,
     IncompatibleValueError,
     StateError,
     TriemaskError,
+    ValueIndexError,
     ValueSetError,
     VocabularyError,
 )
@@ -41,6 +43,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "DEAD",
+    "ArgumentTypeError",
     "BitmaskError",
     "Compiler",
     "IncompatibleValueError",
@@ -48,6 +51,7 @@ __all__ = [
     "StateError",
     "TrieAutomaton",
     "TriemaskError",
+    "ValueIndexError",
     "ValueSetError",
     "Vocabulary",
     "VocabularyError",

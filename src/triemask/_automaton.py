@@ -11,7 +11,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
-from ._errors import StateError
+from ._errors import StateError, ValueIndexError
 
 __all__ = ["DEAD", "TrieAutomaton"]
 
@@ -21,12 +21,16 @@ DEAD = -1
 _IntArray = npt.NDArray[np.integer[Any]]
 
 
-def _state_index(state: Any) -> int:
-    """``state`` as an int; floats and other non-integers are rejected, not truncated."""
-    try:
-        return operator.index(state)
-    except TypeError:
-        raise StateError(f"states must be integers, got {state!r}") from None
+def _state_index(state: Any, what: str = "states") -> int:
+    """``state`` as an int; floats, bools and other non-integers are rejected, not truncated."""
+    if type(state) is int:  # the common case; bool is a subclass of int and fails this test
+        return state
+    if not isinstance(state, (bool, np.bool_)):
+        try:
+            return operator.index(state)
+        except TypeError:
+            pass
+    raise StateError(f"{what} must be integers, got {type(state).__name__} {state!r}")
 
 
 _ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
@@ -209,6 +213,8 @@ class TrieAutomaton:
 
     def _node(self, state: int) -> int:
         """The trie node of ``state``, or ``num_nodes`` (an empty sentinel) for final and DEAD."""
+        if type(state) is not int:
+            state = _state_index(state)
         if 0 <= state < self._num_nodes:
             return state
         if state == DEAD or self._num_nodes <= state < self._num_nodes + self._num_values:
@@ -252,7 +258,9 @@ class TrieAutomaton:
 
     def next_state(self, state: int, token_id: int) -> int:
         """The state after ``token_id``; :data:`DEAD` when the token is not allowed."""
-        if not 0 <= state < self._num_nodes:
+        if type(token_id) is not int:
+            token_id = _state_index(token_id, "token ids")
+        if type(state) is not int or not 0 <= state < self._num_nodes:
             self._node(state)  # raises for ids that are no state; final and DEAD allow nothing
             return DEAD
         lo = self._edge_offsets_view[state]
@@ -308,8 +316,10 @@ class TrieAutomaton:
 
     def value(self, index: int) -> str | bytes:
         """The ``index``-th distinct value, values in sorted (UTF-8 byte) order."""
+        if type(index) is not int:
+            index = _state_index(index, "value indices")
         if not 0 <= index < self._num_values:
-            raise IndexError(f"value index {index} is outside [0, {self._num_values})")
+            raise ValueIndexError(f"value index {index} is outside [0, {self._num_values})")
         raw = self._value_flat[self._value_starts[index] : self._value_starts[index + 1]].tobytes()
         return raw.decode("utf-8") if self._values_are_str else raw
 
@@ -333,6 +343,8 @@ class TrieAutomaton:
             if s.ndim == 1 and s.size == 0:
                 return np.zeros(0, dtype=np.int64)
             raise StateError(f"states must be a 1-D array of integers, got dtype {s.dtype}, shape {s.shape}")
+        if s.dtype.kind == "u" and s.size and int(s.max()) >= self.num_states:  # would wrap to DEAD
+            raise StateError(f"state {int(s.max())} is not a state of this automaton (0 <= state < {self.num_states})")
         s = s.astype(np.int64, copy=False)
         # As unsigned, DEAD (-1) and finals clip to the sentinel; ids below -1 wrap
         # to huge values, so one bound check catches every invalid id.
@@ -368,6 +380,7 @@ class TrieAutomaton:
             and bitmask.dtype is _INT32
             and bitmask.ndim == 2
             and bitmask.shape[1] == self._width
+            and bitmask.shape[0] >= 1
         ):
             flags = bitmask.flags
             if flags.c_contiguous and flags.writeable:  # _fill_row, inlined: this path is per token
@@ -400,7 +413,7 @@ class TrieAutomaton:
             array[:batch].view(np.uint8).fill(0)
         else:
             row_ids = np.asarray(rows)
-            if row_ids.shape != (batch,) or (batch and row_ids.dtype.kind not in "iu"):
+            if row_ids.shape != (batch,) or row_ids.dtype.kind not in "iu":
                 raise StateError(
                     f"rows must be {batch} integers (one per state), got dtype {row_ids.dtype}, shape {row_ids.shape}"
                 )
@@ -444,7 +457,7 @@ class TrieAutomaton:
     def _few_rows(rows: Any, count: int, height: int) -> list[int]:
         """``rows`` as a list of ``count`` distinct row indices in ``[0, height)``."""
         try:
-            targets = [operator.index(row) for row in rows]
+            targets = [_state_index(row, "rows") for row in rows]
         except TypeError:
             raise StateError(f"rows must be {count} integers (one per state), got {rows!r}") from None
         if len(targets) != count:

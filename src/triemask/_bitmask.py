@@ -11,7 +11,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import BitmaskError
+from ._errors import ArgumentTypeError, BitmaskError
 
 __all__ = ["allocate_token_bitmask", "as_bitmask_array", "bitmask_width"]
 
@@ -34,6 +34,9 @@ def allocate_token_bitmask(batch_size: int, vocab_size: int) -> npt.NDArray[np.i
     >>> allocate_token_bitmask(2, 100).shape
     (2, 4)
     """
+    for name, value in (("batch_size", batch_size), ("vocab_size", vocab_size)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+            raise ArgumentTypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
     if batch_size < 0 or vocab_size <= 0:
         raise BitmaskError(f"need batch_size >= 0 and vocab_size > 0, got {batch_size} and {vocab_size}")
     return np.full((int(batch_size), bitmask_width(vocab_size)), -1, dtype=np.int32)

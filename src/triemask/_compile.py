@@ -28,7 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._automaton import TrieAutomaton
-from ._errors import IncompatibleValueError, ValueSetError
+from ._errors import ArgumentTypeError, IncompatibleValueError, ValueSetError
 from ._token_index import TokenIndex
 from ._trie import ByteTrie, build_trie
 from ._vocabulary import Vocabulary
@@ -61,7 +61,7 @@ class Compiler:
 
     def __init__(self, vocab: Vocabulary) -> None:
         if not isinstance(vocab, Vocabulary):
-            raise TypeError(f"Compiler needs a triemask.Vocabulary, got {type(vocab).__qualname__}")
+            raise ArgumentTypeError(f"Compiler needs a triemask.Vocabulary, got {type(vocab).__qualname__}")
         self._vocab = vocab
         self._index = TokenIndex(vocab)
 

@@ -1,15 +1,18 @@
 """Exceptions raised by triemask.
 
 Every error triemask raises on bad input derives from :class:`TriemaskError`, and
-also from the built-in class a caller would naturally catch (``ValueError`` or
-``TypeError``)::
+also from the built-in class a caller would naturally catch (``ValueError``,
+``TypeError`` or ``IndexError``)::
 
     TriemaskError
-    ├── VocabularyError (ValueError)       a token table, EOS id or vocab_size is unusable
+    ├── VocabularyError (ValueError)       a token table, EOS id, vocab_size or tokenizer file is unusable
     ├── ValueSetError (ValueError)         the set of values to compile is unusable
     │   └── IncompatibleValueError         a value no sequence of text tokens can spell
-    ├── StateError (ValueError)            a state id that no automaton state has
-    └── BitmaskError (ValueError)          a bitmask buffer of the wrong shape, dtype or device
+    ├── StateError (ValueError)            a state id that no automaton state has (also a bool or
+    │                                      float where a state, row or token id is due)
+    ├── BitmaskError (ValueError)          a bitmask or logits buffer of the wrong shape, dtype or device
+    ├── ArgumentTypeError (TypeError)      an argument of the wrong kind (Compiler("x"), Matcher(42))
+    └── ValueIndexError (IndexError)       TrieAutomaton.value(i) with i outside [0, num_values)
 
 A token that is merely not allowed is not an error: ``TrieAutomaton.next_state``
 returns :data:`triemask.DEAD` and ``Matcher.accept_token`` returns ``False``.
@@ -18,10 +21,12 @@ returns :data:`triemask.DEAD` and ``Matcher.accept_token`` returns ``False``.
 from __future__ import annotations
 
 __all__ = [
+    "ArgumentTypeError",
     "BitmaskError",
     "IncompatibleValueError",
     "StateError",
     "TriemaskError",
+    "ValueIndexError",
     "ValueSetError",
     "VocabularyError",
 ]
@@ -61,4 +66,13 @@ class StateError(TriemaskError, ValueError):
 
 
 class BitmaskError(TriemaskError, ValueError):
-    """A token bitmask buffer whose type, shape, dtype, layout or device is wrong."""
+    """A token bitmask (or logits) buffer whose type, shape, dtype, layout or device is wrong."""
+
+
+class ArgumentTypeError(TriemaskError, TypeError):
+    """An argument of the wrong kind: a string where a :class:`~triemask.Vocabulary` is due,
+    a float where a count is due."""
+
+
+class ValueIndexError(TriemaskError, IndexError):
+    """A value index outside ``[0, num_values)`` (``TrieAutomaton.value``)."""

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import mmap
+import os
 import re
 import struct
 from functools import lru_cache
@@ -69,40 +71,50 @@ def decode_sentencepiece_piece(piece: str, *, byte_fallback: bool = True) -> byt
 
 # --------------------------------------------------------------------------- protobuf
 
+_MAX_VARINT_BYTES = 10  # a 64-bit varint never takes more: a longer run is malformed, not a big number
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
+
+def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
     result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise VocabularyError("truncated SentencePiece model: a varint runs past the end")
+    stop = min(end, pos + _MAX_VARINT_BYTES)
+    while pos < stop:
         b = data[pos]
         pos += 1
         result |= (b & 0x7F) << shift
         if not b & 0x80:
             return result, pos
         shift += 7
+    if pos >= end:
+        raise VocabularyError(f"malformed SentencePiece model: a varint at offset {pos} runs past the end")
+    raise VocabularyError(f"malformed SentencePiece model: a varint at offset {pos} is longer than 10 bytes")
 
 
-def _protobuf_fields(data: bytes) -> list[tuple[int, int, Any]]:
-    """Split one protobuf message into (field number, wire type, raw value) triples."""
-    fields: list[tuple[int, int, Any]] = []
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
+def _protobuf_fields(data: bytes, start: int, end: int) -> list[tuple[int, int, Any, int]]:
+    """Split the protobuf message ``data[start:end]`` into (field number, wire type, value,
+    offset) tuples; a length-delimited value is its ``(start, end)`` span inside ``data``."""
+    fields: list[tuple[int, int, Any, int]] = []
+    pos = start
+    while pos < end:
+        offset = pos
+        key, pos = _varint(data, pos, end)
         number, wire = key >> 3, key & 7
         value: Any
         if wire == 0:
-            value, pos = _varint(data, pos)
-        elif wire == 1:
-            value, pos = data[pos : pos + 8], pos + 8
-        elif wire == 2:
-            size, pos = _varint(data, pos)
-            value, pos = data[pos : pos + size], pos + size
-        elif wire == 5:
-            value, pos = data[pos : pos + 4], pos + 4
+            value, pos = _varint(data, pos, end)
+        elif wire in (1, 2, 5):
+            if wire == 2:
+                size, pos = _varint(data, pos, end)
+            else:
+                size = 8 if wire == 1 else 4
+            if size > end - pos:
+                raise VocabularyError(
+                    f"malformed SentencePiece model: field {number} at offset {offset} holds {size} bytes "
+                    f"but only {end - pos} remain"
+                )
+            value, pos = (pos, pos + size), pos + size
         else:
-            raise VocabularyError(f"not a SentencePiece model: protobuf wire type {wire}")
-        fields.append((number, wire, value))
+            raise VocabularyError(f"not a SentencePiece model: protobuf wire type {wire} at offset {offset}")
+        fields.append((number, wire, value, offset))
     return fields
 
 
@@ -111,7 +123,8 @@ def _int32(value: int) -> int:
 
 
 def read_sentencepiece_model(data: bytes) -> tuple[list[tuple[str, int]], int]:
-    """Parse a serialized SentencePiece ``ModelProto``.
+    """Parse a serialized SentencePiece ``ModelProto`` (linear in its size; every
+    malformed input raises :class:`VocabularyError` naming the offset).
 
     Returns
     -------
@@ -122,17 +135,23 @@ def read_sentencepiece_model(data: bytes) -> tuple[list[tuple[str, int]], int]:
     """
     pieces: list[tuple[str, int]] = []
     eos_id = 2  # the protobuf default of TrainerSpec.eos_id
-    for number, wire, value in _protobuf_fields(data):
+    for number, wire, value, offset in _protobuf_fields(data, 0, len(data)):
         if number == 1 and wire == 2:  # repeated SentencePiece pieces
             piece, kind = "", TYPE_NORMAL
-            for sub_number, sub_wire, sub_value in _protobuf_fields(value):
+            for sub_number, sub_wire, sub_value, sub_offset in _protobuf_fields(data, *value):
                 if sub_number == 1 and sub_wire == 2:
-                    piece = sub_value.decode("utf-8")
+                    try:
+                        piece = data[sub_value[0] : sub_value[1]].decode("utf-8")
+                    except UnicodeDecodeError:
+                        raise VocabularyError(
+                            f"malformed SentencePiece model: piece #{len(pieces)} at offset {sub_offset} "
+                            "is not valid UTF-8"
+                        ) from None
                 elif sub_number == 3 and sub_wire == 0:
                     kind = sub_value
             pieces.append((piece, kind))
         elif number == 2 and wire == 2:  # TrainerSpec
-            for sub_number, sub_wire, sub_value in _protobuf_fields(value):
+            for sub_number, sub_wire, sub_value, _ in _protobuf_fields(data, *value):
                 if sub_number == 42 and sub_wire == 0:
                     eos_id = _int32(sub_value)
     if not pieces:
@@ -144,58 +163,129 @@ def read_sentencepiece_model(data: bytes) -> tuple[list[tuple[str, int]], int]:
 
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
+_GGUF_INTEGERS = frozenset({0, 1, 2, 3, 4, 5, 10, 11})
+
+
+class _GGUFMetadata:
+    """A bounds-checked cursor over a GGUF file's bytes (a read-only mmap)."""
+
+    def __init__(self, data: Any, size: int, name: str) -> None:
+        self.data, self.size, self.name, self.pos = data, size, name, 0
+
+    def fail(self, field: str, problem: str, offset: int | None = None) -> VocabularyError:
+        where = self.pos if offset is None else offset
+        return VocabularyError(f"{self.name}: malformed GGUF at offset {where} ({field}): {problem}")
+
+    def take(self, count: int, field: str) -> int:
+        """Claim ``count`` bytes at the cursor; returns where they start."""
+        if count < 0 or count > self.size - self.pos:
+            raise self.fail(field, f"{count} bytes needed, {self.size - self.pos} left in the file")
+        start = self.pos
+        self.pos += count
+        return start
+
+    def scalar(self, fmt: str, field: str) -> Any:
+        start = self.take(struct.calcsize(fmt), field)
+        return struct.unpack_from("<" + fmt, self.data, start)[0]
+
+    def string(self, field: str, keep: bool = True) -> bytes | None:
+        size = self.scalar("Q", field)
+        start = self.take(size, field)
+        return bytes(self.data[start : start + size]) if keep else None
+
+    def value(self, kind: int, field: str, keep: bool) -> Any:
+        if kind == _GGUF_STRING:
+            return self.string(field, keep)
+        if kind == _GGUF_ARRAY:
+            item_kind, count = self.scalar("I", field), self.scalar("Q", field)
+            if item_kind == _GGUF_STRING:
+                if count > (self.size - self.pos) // 8:  # each string takes 8 bytes at least
+                    raise self.fail(field, f"an array of {count} strings cannot fit in the rest of the file")
+                if not keep:  # skipped without building anything
+                    for i in range(count):
+                        self.string(f"{field}[{i}]", keep=False)
+                    return None
+                return [self.string(f"{field}[{i}]") for i in range(count)]
+            if item_kind not in _GGUF_SCALARS:
+                raise self.fail(field, f"unsupported GGUF array item type {item_kind}")
+            dtype = np.dtype("<" + _GGUF_SCALARS[item_kind])
+            if count > (self.size - self.pos) // dtype.itemsize:
+                raise self.fail(field, f"an array of {count} x {dtype.itemsize} bytes runs past the end of the file")
+            start = self.take(count * dtype.itemsize, field)
+            # copied out of the mapping, so the file can be closed
+            return np.frombuffer(self.data, dtype=dtype, count=count, offset=start).copy() if keep else None
+        if kind not in _GGUF_SCALARS:
+            raise self.fail(field, f"unsupported GGUF value type {kind}")
+        return self.scalar(_GGUF_SCALARS[kind], field)
 
 
 def read_gguf_tokenizer(path: str | Path) -> dict[str, Any]:
-    """Read the ``tokenizer.*`` metadata of a GGUF file (tensors are never read).
+    """Read the ``tokenizer.*`` metadata of a GGUF file.
 
-    String arrays come back as ``list[bytes]``, numeric arrays as numpy arrays.
+    The file is memory-mapped and only its metadata section is touched (the tensors
+    that follow it are never read, so resident memory does not grow with the file).
+    Every length and count is checked against the file's size before anything is
+    allocated; a malformed file raises :class:`VocabularyError` naming the offset and
+    the field. String arrays come back as ``list[bytes]``, numeric arrays as numpy arrays.
     """
     path = Path(path)
+    name = repr(str(path))
     try:
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            if size < 24:
+                raise VocabularyError(f"{name} is not a GGUF file ({size} bytes, shorter than a GGUF header)")
+            with mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+                return _read_gguf(_GGUFMetadata(data, size, name))
     except OSError as exc:
-        raise VocabularyError(f"cannot read GGUF file {str(path)!r}: {exc}") from exc
-    if data[:4] != b"GGUF":
-        raise VocabularyError(f"{str(path)!r} is not a GGUF file (magic {data[:4]!r})")
-    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", data, 4)
+        raise VocabularyError(f"cannot read GGUF file {name}: {exc}") from exc
+
+
+def _read_gguf(reader: _GGUFMetadata) -> dict[str, Any]:
+    if reader.data[:4] != b"GGUF":
+        raise VocabularyError(f"{reader.name} is not a GGUF file (magic {bytes(reader.data[:4])!r})")
+    reader.pos = 4
+    version = reader.scalar("I", "version")
     if version < 2:
-        raise VocabularyError(f"{str(path)!r}: GGUF version {version} is not supported (need >= 2)")
-    pos = 24
-    unpack = struct.unpack_from
-
-    def read_string(pos: int) -> tuple[bytes, int]:
-        (size,) = unpack("<Q", data, pos)
-        return data[pos + 8 : pos + 8 + size], pos + 8 + size
-
-    def read_value(kind: int, pos: int) -> tuple[Any, int]:
-        if kind == _GGUF_STRING:
-            return read_string(pos)
-        if kind == _GGUF_ARRAY:
-            item_kind, count = unpack("<IQ", data, pos)
-            pos += 12
-            if item_kind == _GGUF_STRING:
-                items = []
-                for _ in range(count):
-                    item, pos = read_string(pos)
-                    items.append(item)
-                return items, pos
-            if item_kind not in _GGUF_SCALARS:
-                raise VocabularyError(f"{str(path)!r}: unsupported GGUF array item type {item_kind}")
-            dtype = np.dtype("<" + _GGUF_SCALARS[item_kind])
-            array = np.frombuffer(data, dtype=dtype, count=count, offset=pos)
-            return array, pos + count * dtype.itemsize
-        if kind not in _GGUF_SCALARS:
-            raise VocabularyError(f"{str(path)!r}: unsupported GGUF value type {kind}")
-        fmt = "<" + _GGUF_SCALARS[kind]
-        return unpack(fmt, data, pos)[0], pos + struct.calcsize(fmt)
-
+        raise VocabularyError(f"{reader.name}: GGUF version {version} is not supported (need >= 2)")
+    reader.scalar("Q", "tensor_count")
+    n_kv = reader.scalar("Q", "metadata_kv_count")
+    if n_kv > (reader.size - reader.pos) // 12:  # a key length and a value type at least
+        raise reader.fail("metadata_kv_count", f"{n_kv} entries cannot fit in the rest of the file")
     metadata: dict[str, Any] = {}
-    for _ in range(n_kv):
-        raw_key, pos = read_string(pos)
-        (kind,) = unpack("<I", data, pos)
-        value, pos = read_value(kind, pos + 4)
+    for index in range(n_kv):
+        raw_key = reader.string(f"metadata key #{index}")
+        assert raw_key is not None
         key = raw_key.decode("utf-8", "replace")
-        if key.startswith("tokenizer.ggml."):
-            metadata[key] = value
-    return metadata
+        offset = reader.pos
+        kind = reader.scalar("I", key)
+        wanted = key.startswith("tokenizer.ggml.")
+        value = reader.value(kind, key, keep=wanted)
+        if wanted:
+            metadata[key] = (kind, value, offset)
+    return _check_tokenizer_fields(reader, metadata)
+
+
+def _check_tokenizer_fields(reader: _GGUFMetadata, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The values of the tokenizer fields triemask reads, each checked for its type."""
+    expected = {
+        "tokenizer.ggml.model": "a string",
+        "tokenizer.ggml.tokens": "an array of strings",
+        "tokenizer.ggml.token_type": "an array of integers",
+        "tokenizer.ggml.eos_token_id": "an integer",
+        "tokenizer.ggml.eot_token_id": "an integer",
+    }
+    result: dict[str, Any] = {}
+    for key, (kind, value, offset) in metadata.items():
+        shape = expected.get(key)
+        valid = (
+            shape is None
+            or (shape == "a string" and kind == _GGUF_STRING)
+            or (shape == "an array of strings" and isinstance(value, list))
+            or (shape == "an array of integers" and isinstance(value, np.ndarray) and value.dtype.kind in "iu")
+            or (shape == "an integer" and kind in _GGUF_INTEGERS)
+        )
+        if not valid:
+            raise reader.fail(key, f"expected {shape}, got GGUF value type {kind}", offset)
+        result[key] = value
+    return result

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
@@ -12,7 +11,7 @@ import numpy.typing as npt
 
 from ._automaton import DEAD, TrieAutomaton
 from ._bitmask import as_bitmask_array
-from ._errors import StateError
+from ._errors import ArgumentTypeError, StateError
 
 __all__ = ["Matcher"]
 
@@ -46,9 +45,9 @@ class Matcher:
 
     def __init__(self, automaton: TrieAutomaton, *, max_rollback: int = 16) -> None:
         if not isinstance(automaton, TrieAutomaton):
-            raise TypeError(f"Matcher needs a TrieAutomaton, got {type(automaton).__qualname__}")
-        if max_rollback < 0:
-            raise ValueError(f"max_rollback must be >= 0, got {max_rollback}")
+            raise ArgumentTypeError(f"Matcher needs a TrieAutomaton, got {type(automaton).__qualname__}")
+        if type(max_rollback) is not int or max_rollback < 0:
+            raise StateError(f"max_rollback must be an integer >= 0, got {max_rollback!r}")
         self._automaton = automaton
         self._state = automaton.initial_state
         self._history: deque[int] = deque(maxlen=max_rollback)
@@ -71,8 +70,8 @@ class Matcher:
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token. Returns False, leaving the state unchanged, when the
         token is not allowed (any integer is accepted as input; none raises)."""
-        try:
-            following = self._automaton.next_state(self._state, operator.index(token_id))
+        try:  # bools, floats and other non-integers are rejected here (StateError)
+            following = self._automaton.next_state(self._state, token_id)
         except (TypeError, ValueError, OverflowError):
             return False
         if following == DEAD:
@@ -92,7 +91,7 @@ class Matcher:
 
     def rollback(self, num_tokens: int = 1) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""
-        if num_tokens < 0 or num_tokens > len(self._history):
+        if type(num_tokens) is not int or num_tokens < 0 or num_tokens > len(self._history):
             raise StateError(
                 f"cannot roll back {num_tokens} tokens: {len(self._history)} can be undone "
                 f"(max_rollback={self._history.maxlen})"
@@ -131,8 +130,8 @@ class Matcher:
         ``(batch, ceil(vocab_size / 32))`` (or one row of it).
         """
         array = as_bitmask_array(bitmask, self._automaton.vocab_size)
-        if not 0 <= row < array.shape[0]:
-            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
+        if type(row) is not int or not 0 <= row < array.shape[0]:
+            raise StateError(f"row {row!r} is outside the bitmask's {array.shape[0]} rows (an integer is due)")
         self._automaton._fill_row(array[row], self._state)
 
     def __repr__(self) -> str:

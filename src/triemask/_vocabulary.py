@@ -27,6 +27,7 @@ from ._formats import (
 __all__ = ["Vocabulary"]
 
 _FINGERPRINT_VERSION = b"triemask-vocabulary-1"
+MAX_VOCAB_SIZE = 1 << 31
 
 
 def _eos_tuple(eos_token_ids: int | Iterable[int] | None) -> tuple[int, ...]:
@@ -34,6 +35,8 @@ def _eos_tuple(eos_token_ids: int | Iterable[int] | None) -> tuple[int, ...]:
         return ()
     if isinstance(eos_token_ids, (int, np.integer)):
         eos_token_ids = [eos_token_ids]
+    if not isinstance(eos_token_ids, Iterable) or isinstance(eos_token_ids, (str, bytes)):
+        raise VocabularyError(f"EOS token ids must be an integer or integers, got {eos_token_ids!r}")
     ids = []
     for eos in eos_token_ids:
         if isinstance(eos, bool) or not isinstance(eos, (int, np.integer)):
@@ -100,6 +103,8 @@ class Vocabulary:
             )
         if vocab_size <= 0:
             raise VocabularyError(f"vocab_size must be positive, got {vocab_size}")
+        if vocab_size > MAX_VOCAB_SIZE:  # token ids are stored as int32
+            raise VocabularyError(f"vocab_size={vocab_size} exceeds triemask's limit of {MAX_VOCAB_SIZE} (2**31) ids")
         eos = _eos_tuple(eos_token_ids)
         for e in eos:
             if not 0 <= e < vocab_size:
@@ -393,30 +398,37 @@ class Vocabulary:
         ``eos_token_ids`` defaults to ``tokenizer.ggml.eos_token_id`` (plus
         ``eot_token_id`` when present).
         """
-        meta = read_gguf_tokenizer(path)
+        meta = read_gguf_tokenizer(path)  # every field triemask reads is type-checked there
         try:
-            model = bytes(meta["tokenizer.ggml.model"]).decode()
+            raw_model: bytes = meta["tokenizer.ggml.model"]
             tokens: list[bytes] = meta["tokenizer.ggml.tokens"]
         except KeyError as exc:
             raise VocabularyError(f"{str(path)!r} has no {exc.args[0]} metadata") from None
+        model = raw_model.decode("utf-8", "replace")
         n = len(tokens)
         types = meta.get("tokenizer.ggml.token_type")
-        types = np.full(n, TYPE_NORMAL) if types is None else np.asarray(types)
+        types = np.full(n, TYPE_NORMAL) if types is None else types
         if len(types) != n:
             raise VocabularyError(f"{str(path)!r}: {n} tokens but {len(types)} token types")
         table: list[bytes | None] = [None] * n
-        if model == "gpt2":
-            for i in np.flatnonzero(types == TYPE_NORMAL):
-                table[i] = decode_byte_level(tokens[i].decode("utf-8"))
-            for i in np.flatnonzero(types == TYPE_USER_DEFINED):
-                table[i] = tokens[i]
-        elif model in ("llama", "gemma4", "t5"):
-            space = SPIECE_SPACE.encode()
-            for i in np.flatnonzero((types == TYPE_NORMAL) | (types == TYPE_USER_DEFINED)):
-                table[i] = tokens[i].replace(space, b" ")
-            for i in np.flatnonzero(types == TYPE_BYTE):
-                table[i] = decode_sentencepiece_piece(tokens[i].decode("ascii"))
-        else:
+        i = 0
+        try:
+            if model == "gpt2":
+                for i in np.flatnonzero(types == TYPE_NORMAL).tolist():
+                    table[i] = decode_byte_level(tokens[i].decode("utf-8"))
+                for i in np.flatnonzero(types == TYPE_USER_DEFINED).tolist():
+                    table[i] = tokens[i]
+            elif model in ("llama", "gemma4", "t5"):
+                space = SPIECE_SPACE.encode()
+                for i in np.flatnonzero((types == TYPE_NORMAL) | (types == TYPE_USER_DEFINED)).tolist():
+                    table[i] = tokens[i].replace(space, b" ")
+                for i in np.flatnonzero(types == TYPE_BYTE).tolist():
+                    table[i] = decode_sentencepiece_piece(tokens[i].decode("ascii"))
+        except UnicodeDecodeError as exc:
+            raise VocabularyError(
+                f"{str(path)!r}: tokenizer.ggml.tokens[{i}] = {tokens[i][:40]!r} is not valid text ({exc.reason})"
+            ) from None
+        if model not in ("gpt2", "llama", "gemma4", "t5"):
             raise VocabularyError(
                 f"{str(path)!r}: tokenizer model {model!r} is not supported (supported: gpt2, llama, gemma4, t5)"
             )

@@ -1,20 +1,29 @@
 """What the serving-engine adapters (vLLM, SGLang) share, free of any engine import.
 
 - the per-request arguments: ``triemask_values`` (a list of strings) or ``triemask_set``
-  (the name of a set registered at server start from ``$TRIEMASK_SETS``);
+  (the name of a set registered at server start from ``$TRIEMASK_SETS``), checked at
+  admission against the operator's limits (:class:`Limits`), so a malformed or oversize
+  request is an HTTP 400 naming the field;
 - a byte-bounded LRU of compiled sets keyed by content hash, each with its arrays
   uploaded to the engine's device once (:class:`~triemask.integrations.torch.DeviceAutomaton`);
+  registered sets are compiled at start-up and never evicted; a set that fails to
+  compile (a value the vocabulary cannot spell, the edge-key limit, memory) is
+  remembered as failed;
 - the per-row bookkeeping: a row's state advanced from its output tokens, and all rows
-  of one set masked with one device operation.
+  of one set masked with one device operation. A request whose set failed to compile
+  (or whose output ids are unusable) is ended alone: its row allows only EOS, an error
+  is logged, and the rest of the batch goes on. Nothing here raises out of an engine step.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,74 +36,171 @@ from .._automaton import TrieAutomaton
 from .._compile import Compiler
 from .._vocabulary import Vocabulary
 
+logger = logging.getLogger("triemask")
+
 VALUES_ARG = "triemask_values"
 SET_ARG = "triemask_set"
 SETS_ENV = "TRIEMASK_SETS"  # a file (one set) or a folder of *.txt files (one set each)
 CACHE_BYTES_ENV = "TRIEMASK_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 1 << 30
+MAX_VALUES_ENV = "TRIEMASK_MAX_VALUES"
+MAX_VALUE_BYTES_ENV = "TRIEMASK_MAX_VALUE_BYTES"
+MAX_SET_BYTES_ENV = "TRIEMASK_MAX_SET_BYTES"
+
+
+class RequestError(ValueError):
+    """A request's triemask arguments are unusable; the message names the field (HTTP 400)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for in ``triemask_values`` (registered sets are the
+    operator's and are not limited). The defaults bound the compile a request can cause
+    to well under a second on a 2-core machine (docs/serving.md, "Limits"); an operator
+    sets them with ``$TRIEMASK_MAX_VALUES``, ``$TRIEMASK_MAX_VALUE_BYTES`` and
+    ``$TRIEMASK_MAX_SET_BYTES`` (UTF-8 bytes)."""
+
+    max_values: int = 100_000
+    max_value_bytes: int = 1024
+    max_set_bytes: int = 1 << 20
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
+        """The limits set in the environment (defaults where unset); a malformed
+        setting raises ``ValueError`` naming the variable (at start-up)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, int] = {}
+        for field, name in (
+            ("max_values", MAX_VALUES_ENV),
+            ("max_value_bytes", MAX_VALUE_BYTES_ENV),
+            ("max_set_bytes", MAX_SET_BYTES_ENV),
+        ):
+            raw = environ.get(name)
+            if raw is None:
+                continue
+            try:
+                values[field] = int(raw)
+            except ValueError:
+                raise ValueError(f"${name}={raw!r} is not an integer") from None
+            if values[field] <= 0:
+                raise ValueError(f"${name}={raw!r} must be positive")
+        return cls(**values)
+
+
+def _read_set_file(file: Path) -> list[str]:
+    """One value per line: strict UTF-8 (a leading byte-order mark dropped), lines
+    split at ``\n`` or ``\r\n`` only (a value may hold any other character)."""
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{SETS_ENV}: {file} is not UTF-8: byte 0x{raw[error.start]:02x} at offset {error.start}"
+        ) from None
+    text = text.removeprefix("\ufeff")
+    values = [line.removesuffix("\r") for line in text.split("\n")]
+    return [value for value in values if value]
 
 
 def load_sets(path: str | os.PathLike[str]) -> dict[str, list[str]]:
     """Named sets from a file (one value per line, named by the file's stem) or a folder
-    of ``*.txt`` such files. Line ends are stripped; empty lines are skipped."""
+    of ``*.txt`` such files. Empty lines are skipped. Raises ``ValueError`` naming the
+    file for anything unusable."""
     root = Path(path)
     if not root.exists():
-        raise FileNotFoundError(f"{SETS_ENV}={str(path)!r}: no such file or folder")
+        raise ValueError(f"{SETS_ENV}={str(path)!r}: no such file or folder")
     files = sorted(root.glob("*.txt")) if root.is_dir() else [root]
     if not files:
         raise ValueError(f"{SETS_ENV}={str(path)!r}: the folder holds no *.txt file")
     sets = {}
     for file in files:
-        values = [line for line in file.read_text(encoding="utf-8").splitlines() if line]
+        try:
+            values = _read_set_file(file)
+        except OSError as error:
+            raise ValueError(f"{SETS_ENV}: cannot read {file}: {error.strerror}") from None
         if not values:
             raise ValueError(f"{SETS_ENV}: {file} holds no value")
         sets[file.stem] = values
     return sets
 
 
-_REGISTERED: dict[str, list[str]] | None = None
+_REGISTERED: dict[str, list[str]] | Exception | None = None
 _REGISTERED_LOCK = threading.Lock()
 
 
 def registered_sets() -> dict[str, list[str]]:
-    """The sets named by ``$TRIEMASK_SETS``, read once per process (empty when unset)."""
+    """The sets named by ``$TRIEMASK_SETS`` (empty when unset), read once per process;
+    a failure to read them is kept too and raised again, without reading again."""
     global _REGISTERED
     with _REGISTERED_LOCK:
         if _REGISTERED is None:
             path = os.environ.get(SETS_ENV)
-            _REGISTERED = load_sets(path) if path else {}
+            try:
+                _REGISTERED = load_sets(path) if path else {}
+            except ValueError as error:
+                _REGISTERED = error
+        if isinstance(_REGISTERED, Exception):
+            raise _REGISTERED
         return _REGISTERED
 
 
-def requested_values(extra_args: Mapping[str, Any] | None) -> list[str] | None:
+def requested_values(extra_args: Mapping[str, Any] | None, limits: Limits | None = None) -> list[str] | None:
     """The set a request asks for, or None when it asks for none.
 
-    Raises ``ValueError`` naming the field for anything malformed, so engines can
-    reject the request (HTTP 400) before it is scheduled.
+    Every check that does not need the model's vocabulary is made here: types, the
+    :class:`Limits` (``Limits.from_env()`` by default), valid Unicode (no lone
+    surrogates) and the registered set's name. Raises :class:`RequestError` naming the
+    field, so engines reject the request (HTTP 400) before it is scheduled.
     """
     if not extra_args:
         return None
     if not isinstance(extra_args, Mapping):
-        raise ValueError(f"extra_args must be a mapping, got {type(extra_args).__qualname__}")
+        raise RequestError(f"extra_args must be a mapping, got {type(extra_args).__qualname__}")
     values, name = extra_args.get(VALUES_ARG), extra_args.get(SET_ARG)
     if values is None and name is None:
         return None
     if values is not None and name is not None:
-        raise ValueError(f"give either {VALUES_ARG!r} or {SET_ARG!r}, not both")
+        raise RequestError(f"give either {VALUES_ARG!r} or {SET_ARG!r}, not both")
     if name is not None:
         if not isinstance(name, str):
-            raise ValueError(f"{SET_ARG!r} must be a set name (a string), got {type(name).__qualname__}")
-        sets = registered_sets()
-        if name not in sets:
-            known = ", ".join(sorted(sets)) or f"none: set {SETS_ENV} when starting the server"
-            raise ValueError(f"{SET_ARG!r}: unknown set {name!r} (registered: {known})")
+            raise RequestError(f"{SET_ARG!r} must be a set name (a string), got {type(name).__qualname__}")
+        try:
+            sets = registered_sets()
+        except ValueError:
+            raise RequestError(f"{SET_ARG!r}: the server's registered sets could not be loaded") from None
+        if name not in sets:  # other sets' names are the operator's business, not the client's
+            raise RequestError(f"{SET_ARG!r}: unknown set {name[:100]!r}")
         return sets[name]
     if isinstance(values, str) or not isinstance(values, Sequence) or not values:
-        raise ValueError(f"{VALUES_ARG!r} must be a non-empty list of strings, got {values!r:.80}")
+        raise RequestError(f"{VALUES_ARG!r} must be a non-empty list of strings, got {values!r:.80}")
+    limits = Limits.from_env() if limits is None else limits
+    if len(values) > limits.max_values:
+        raise RequestError(
+            f"{VALUES_ARG!r} holds {len(values)} values, more than the server's limit of {limits.max_values} "
+            f"(${MAX_VALUES_ENV})"
+        )
+    total = 0
     for index, value in enumerate(values):
         if not isinstance(value, str):
-            raise ValueError(
+            raise RequestError(
                 f"{VALUES_ARG!r} must be a list of strings; item {index} is {type(value).__qualname__} {value!r:.40}"
+            )
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError as error:
+            raise RequestError(
+                f"{VALUES_ARG!r}: item {index} is not valid Unicode ({error.reason} at character {error.start})"
+            ) from None
+        if size > limits.max_value_bytes:
+            raise RequestError(
+                f"{VALUES_ARG!r}: item {index} has {size} UTF-8 bytes, more than the server's limit of "
+                f"{limits.max_value_bytes} (${MAX_VALUE_BYTES_ENV})"
+            )
+        total += size
+        if total > limits.max_set_bytes:
+            raise RequestError(
+                f"{VALUES_ARG!r}: the values exceed the server's limit of {limits.max_set_bytes} UTF-8 bytes "
+                f"per set (${MAX_SET_BYTES_ENV}) at item {index}"
             )
     return list(values)
 
@@ -188,6 +294,10 @@ class CompiledSet:
     nbytes: int
 
 
+class SetCompileError(Exception):
+    """A set that could not be compiled for the engine's vocabulary (kept as such)."""
+
+
 class CompiledSets:
     """Compile sets on first sight; keep them in an LRU bounded in bytes.
 
@@ -200,14 +310,20 @@ class CompiledSets:
     max_bytes : int, optional
         Bound on the bytes held (host + device); default ``$TRIEMASK_CACHE_BYTES`` or 1 GiB.
         A set in use by a request stays alive through that request even when evicted.
+        Pinned sets (:meth:`pin`, the registered ones) are held outside the bound.
     """
+
+    _MAX_FAILURES = 1024  # failed sets remembered (their keys and messages only)
 
     def __init__(self, compiler: Compiler, device: Any, max_bytes: int | None = None) -> None:
         self.compiler = compiler
         self.device = device
         self.max_bytes = int(os.environ.get(CACHE_BYTES_ENV, DEFAULT_CACHE_BYTES)) if max_bytes is None else max_bytes
         self._entries: OrderedDict[str, CompiledSet] = OrderedDict()
+        self._pinned: dict[str, CompiledSet] = {}
+        self._failures: OrderedDict[str, str] = OrderedDict()
         self._lock = threading.Lock()
+        self._ended: CompiledSet | None = None
         self.nbytes = 0
 
     @staticmethod
@@ -219,18 +335,35 @@ class CompiledSets:
             digest.update(encoded)
         return digest.hexdigest()
 
-    def get(self, values: Sequence[str]) -> CompiledSet:
+    def _compile(self, values: Sequence[str]) -> CompiledSet:
         from .torch import DeviceAutomaton
 
-        key = self.key(values)
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                return entry
         automaton = self.compiler.compile(values)
         on_device = DeviceAutomaton(automaton, self.device)
-        entry = CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes)
+        return CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes)
+
+    def get(self, values: Sequence[str]) -> CompiledSet:
+        """The compiled set; raises :class:`SetCompileError` (with the reason) for a set
+        that cannot be compiled, now or at an earlier request."""
+        key = self.key(values)
+        with self._lock:
+            entry = self._pinned.get(key) or self._entries.get(key)
+            if entry is not None:
+                if key in self._entries:
+                    self._entries.move_to_end(key)
+                return entry
+            failure = self._failures.get(key)
+        if failure is not None:
+            raise SetCompileError(failure)
+        try:
+            entry = self._compile(values)
+        except Exception as error:  # noqa: BLE001 - any failure ends this request alone
+            message = f"{type(error).__name__}: {error}"[:500]
+            with self._lock:
+                self._failures[key] = message
+                while len(self._failures) > self._MAX_FAILURES:
+                    self._failures.popitem(last=False)
+            raise SetCompileError(message) from error
         with self._lock:
             if key not in self._entries:
                 self._entries[key] = entry
@@ -240,8 +373,47 @@ class CompiledSets:
                 self.nbytes -= evicted.nbytes
             return self._entries.get(key, entry)
 
+    def pin(self, values: Sequence[str]) -> CompiledSet:
+        """Compile ``values`` now and keep them for the life of the process (raises on failure)."""
+        key = self.key(values)
+        with self._lock:
+            entry = self._pinned.get(key)
+        if entry is None:
+            entry = self._compile(values)
+            with self._lock:
+                entry = self._pinned.setdefault(key, entry)
+        return entry
+
+    def ended(self) -> CompiledSet:
+        """A set whose initial state allows EOS only: the rows of failed requests use it."""
+        if self._ended is None:
+            self._ended = self._compile([""])
+        return self._ended
+
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def compile_registered(sets: CompiledSets) -> None:
+    """Compile every set of ``$TRIEMASK_SETS`` now (server start-up), with one summary log
+    line; an unreadable folder or a set that does not compile stops the start-up."""
+    started = time.perf_counter()
+    registered = registered_sets()
+    total = 0
+    for name, values in registered.items():
+        try:
+            total += sets.pin(values).nbytes
+        except Exception as error:
+            raise ValueError(f"{SETS_ENV}: set {name!r} does not compile: {error}") from error
+    if registered:
+        logger.info(
+            "triemask: %d registered sets (%s; %d values) compiled in %.2f s, %.1f MiB",
+            len(registered),
+            ", ".join(sorted(registered)),
+            sum(map(len, registered.values())),
+            time.perf_counter() - started,
+            total / (1 << 20),
+        )
 
 
 def hf_vocabulary(tokenizer: Any, vocab_size: int, eos_token_ids: Any = None) -> Vocabulary:
@@ -283,12 +455,16 @@ def compiled_sets_for_model(
 PLACEHOLDER = -1  # vLLM's async scheduling pads output ids with -1 until the real ids arrive
 
 
+class RowError(Exception):
+    """A constrained row cannot go on (its request is ended alone)."""
+
+
 class Row:
     """One constrained request in a batch: its set, its live output ids and its state."""
 
     __slots__ = ("compiled", "consumed", "output_ids", "state")
 
-    def __init__(self, compiled: CompiledSet, output_ids: list[int]) -> None:
+    def __init__(self, compiled: CompiledSet, output_ids: Sequence[int]) -> None:
         self.compiled = compiled
         self.output_ids = output_ids  # the engine's live list
         self.state = compiled.automaton.initial_state
@@ -300,19 +476,54 @@ class Row:
         while self.consumed < len(ids):
             token = ids[self.consumed]
             if token == PLACEHOLDER:
-                raise RuntimeError(
-                    "triemask: a request's output token ids hold the placeholder -1: vLLM's async "
+                raise RowError(
+                    "the request's output token ids hold the placeholder -1: vLLM's async "
                     "scheduling repairs them only for processors passed with --logits-processors "
                     "(or LLM(logits_processors=[...])), not for ones loaded from the entry point alone "
                     "(vLLM issue #52461). Pass the processor explicitly, or use --no-async-scheduling."
                 )
             if self.state >= 0 and not automaton.is_final(self.state):
-                self.state = automaton.next_state(self.state, token)
+                self.state = automaton.next_state(self.state, int(token))
             self.consumed += 1
+
+    def end(self, sets: CompiledSets) -> None:
+        """From now on allow EOS only, so the request stops at its next token."""
+        self.compiled = sets.ended()
+        self.state = self.compiled.automaton.initial_state
+        self.consumed = len(self.output_ids)
+
+
+def constrained_row(sets: CompiledSets, extra_args: Any, output_ids: Sequence[int], request: str = "") -> Row | None:
+    """The row of a request (None when it asks for no set); never raises.
+
+    A request whose set cannot be compiled gets a row that allows EOS only, and an
+    error naming the reason is logged: it ends at once, the rest of the batch goes on.
+    """
+    try:
+        values = requested_values(extra_args)
+        if values is None:
+            return None
+        return Row(sets.get(values), output_ids)
+    except Exception as error:  # noqa: BLE001 - one request's failure must not reach the engine
+        logger.error("triemask: request %s ended (only EOS allowed): %s", request or "?", error)
+        row = Row(sets.ended(), output_ids)
+        row.end(sets)
+        return row
+
+
+def catch_up_rows(sets: CompiledSets, rows: Mapping[Any, Row]) -> None:
+    """Advance every row; a row whose output ids are unusable is ended alone."""
+    for key, row in rows.items():
+        try:
+            row.catch_up()
+        except Exception as error:  # noqa: BLE001
+            logger.error("triemask: request %s ended (only EOS allowed): %s", key, error)
+            row.end(sets)
 
 
 def mask_rows(logits: Any, rows: Mapping[int, Row]) -> Any:
-    """Mask the logits of every constrained row, in place: one device operation per set."""
+    """Mask the logits of every constrained row, in place: one device operation per set,
+    whose cost follows the allowed tokens of the rows' states (computed on the host)."""
     import torch
 
     groups: dict[int, tuple[CompiledSet, list[int], list[int]]] = {}
@@ -321,16 +532,19 @@ def mask_rows(logits: Any, rows: Mapping[int, Row]) -> Any:
         group[1].append(index)
         group[2].append(row.state)
     for compiled, indices, states in groups.values():
-        on_device = compiled.device_automaton
-        state_tensor = torch.tensor(states, dtype=torch.int64).to(on_device.device, non_blocking=True)
         where = torch.tensor(indices, dtype=torch.int64).to(logits.device, non_blocking=True)
-        on_device.mask_logits(logits, state_tensor, where)
+        compiled.device_automaton.mask_logits(logits, np.asarray(states, dtype=np.int64), where)
     return logits
 
 
 class BatchRows:
     """vLLM V1 runner bookkeeping: batch index -> :class:`Row`, kept in step with the
-    engine's ``BatchUpdate`` (removed, then added, then moved)."""
+    engine's ``BatchUpdate`` (removed, then added, then moved).
+
+    An update is all or nothing: the rows of the added requests are built first (a
+    request whose set fails is given an EOS-only row, never an exception), then the
+    removals, additions and moves are applied, none of which can fail.
+    """
 
     def __init__(self, sets: CompiledSets) -> None:
         self.sets = sets
@@ -338,22 +552,24 @@ class BatchRows:
 
     def update(self, batch_update: Any) -> None:
         if batch_update is not None:
+            added = [
+                (index, constrained_row(self.sets, getattr(params, "extra_args", None), output_ids, f"row {index}"))
+                for index, params, _prompt_ids, output_ids in batch_update.added
+            ]
             for index in batch_update.removed:
                 self.rows.pop(index, None)
-            for index, params, _prompt_ids, output_ids in batch_update.added:
-                values = requested_values(getattr(params, "extra_args", None))
-                if values is None:
+            for index, row in added:
+                if row is None:
                     self.rows.pop(index, None)  # the slot's previous occupant, if any
                 else:
-                    self.rows[index] = Row(self.sets.get(values), output_ids)
+                    self.rows[index] = row
             for first, second, direction in batch_update.moved:
                 moving, other = self.rows.pop(first, None), self.rows.pop(second, None)
                 if moving is not None:
                     self.rows[second] = moving
                 if other is not None and getattr(direction, "name", direction) == "SWAP":
                     self.rows[first] = other
-        for row in self.rows.values():
-            row.catch_up()
+        catch_up_rows(self.sets, self.rows)
 
     def apply(self, logits: Any) -> Any:
         return mask_rows(logits, self.rows) if self.rows else logits
@@ -383,12 +599,12 @@ class SlotStates:
         self._resets: list[int] = []
 
     def add(self, slot: int, params: Any) -> bool:
-        values = requested_values(getattr(params, "extra_args", None))
+        row = constrained_row(self.sets, getattr(params, "extra_args", None), (), f"in slot {slot}")
         self.consumed[slot] = 0
-        if values is None:
+        if row is None:
             self.set_of[slot] = -1
             return False
-        compiled = self.sets.get(values)
+        compiled = row.compiled  # the EOS-only set for a request whose set failed
         known = next((i for i, c in enumerate(self.compiled) if c is compiled), None)
         if known is None:
             in_use = set(self.set_of[self.set_of >= 0].tolist())

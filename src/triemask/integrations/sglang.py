@@ -8,17 +8,25 @@ Custom logit processor (server started with ``--enable-custom-logit-processor``)
 Each row's state is advanced from that request's ``output_ids``; all rows of one set are
 masked with one device operation. Sets are compiled on first sight against the
 request's tokenizer and cached (``$TRIEMASK_CACHE_BYTES``); ``triemask_set`` names a set
-registered from ``$TRIEMASK_SETS``.
+registered from ``$TRIEMASK_SETS``. SGLang runs the processor inside the forward pass and
+has no admission hook for ``custom_params``, so the processor checks a request's arguments
+(and the limits of ``$TRIEMASK_MAX_*``) the first time it sees it, once: a request that
+fails any check, or whose set does not compile, is finished with an abort naming the
+reason (``req.set_finish_with_abort``) and its row allows only EOS. Nothing raises out
+of the forward pass.
 
 Grammar backend (``--grammar-backend triemask`` once :func:`register` has run, e.g. from
 the ``sglang.srt.plugins`` entry point this package declares): SGLang has no ``choice``
 request type, so the backend takes the alternations SGLang requests already carry, a
 ``regex`` such as ``(yes|no|maybe)`` or an ``ebnf`` such as ``root ::= "yes" | "no"``,
-compiles them with triemask, and hands every other grammar to xgrammar.
+compiles them with triemask, and hands every other grammar to xgrammar. A grammar that
+cannot be compiled (an oversize set, a value the vocabulary cannot spell, a lone
+surrogate) is SGLang's invalid-grammar result, and SGLang aborts that request alone.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from typing import Any
@@ -26,7 +34,17 @@ from typing import Any
 from .._automaton import TrieAutomaton
 from .._compile import Compiler
 from .._matcher import Matcher
-from ._serving import CompiledSets, Row, hf_vocabulary, literal_alternatives, mask_rows, requested_values
+from ._serving import (
+    CompiledSets,
+    Limits,
+    Row,
+    catch_up_rows,
+    constrained_row,
+    hf_vocabulary,
+    literal_alternatives,
+    mask_rows,
+    requested_values,
+)
 
 try:
     import torch
@@ -35,11 +53,19 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without SGLang
     raise ImportError("triemask.integrations.sglang needs SGLang: pip install sglang") from error
 
+try:  # SGLang's marker for a grammar that failed to compile (older releases used None)
+    from sglang.srt.constrained.base_grammar_backend import INVALID_GRAMMAR_OBJ as _INVALID_GRAMMAR
+except ImportError:  # pragma: no cover - older SGLang
+    _INVALID_GRAMMAR = None
+
+logger = logging.getLogger("triemask")
+
 __all__ = ["TriemaskGrammar", "TriemaskGrammarBackend", "TriemaskLogitProcessor", "register"]
 
 _LOCK = threading.Lock()
 _SETS: dict[tuple[int, int, str], CompiledSets] = {}  # per tokenizer, logits width and device
-_ROWS: OrderedDict[str, Row] = OrderedDict()  # per request id; processors are re-instantiated per batch
+# per request id, with the set cache it belongs to; processors are re-instantiated per batch
+_ROWS: OrderedDict[str, tuple[Row, CompiledSets]] = OrderedDict()
 _MAX_ROWS = 1 << 16
 
 
@@ -59,22 +85,57 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
     def __call__(self, logits: Any, custom_param_list: list[dict[str, Any] | None] | None = None) -> Any:
         rows: dict[int, Row] = {}
         for index, params in enumerate(custom_param_list or []):
-            values = requested_values({k: v for k, v in (params or {}).items() if k != "__req__"})
-            if values is None:
+            if not params or not any(key in params for key in ("triemask_values", "triemask_set")):
                 continue
-            req = params["__req__"]  # type: ignore[index]
+            req = params.get("__req__")
             with _LOCK:
-                row = _ROWS.get(req.rid)
-            if row is None or len(req.output_ids) < row.consumed:
-                row = Row(_sets_for(req, logits.device).get(values), req.output_ids)
-                with _LOCK:
-                    _ROWS[req.rid] = row
-                    while len(_ROWS) > _MAX_ROWS:
-                        _ROWS.popitem(last=False)
+                known = _ROWS.get(getattr(req, "rid", None))
+            if known is None or len(req.output_ids) < known[0].consumed:  # a new request (or one restarted)
+                known = self._admit(req, params, logits.device)
+                if known is None:
+                    continue
+            row, sets = known
             row.output_ids = req.output_ids
-            row.catch_up()
+            catch_up_rows(sets, {getattr(req, "rid", index): row})
             rows[index] = row
         return mask_rows(logits, rows) if rows else logits
+
+    @staticmethod
+    def _admit(req: Any, params: dict[str, Any], device: Any) -> tuple[Row, CompiledSets] | None:
+        """The row of a request seen for the first time; a request that fails is aborted
+        (finished with the reason) and given an EOS-only row. Never raises."""
+        try:
+            sets = _sets_for(req, device)
+        except Exception as error:  # noqa: BLE001 - a request without a usable tokenizer is not constrainable
+            _abort(req, f"triemask: the request's tokenizer cannot be used: {error}")
+            return None
+        extra = {k: v for k, v in params.items() if k != "__req__"}
+        try:
+            requested_values(extra)
+        except ValueError as error:
+            _abort(req, f"triemask: {error}")
+            row = Row(sets.ended(), req.output_ids)
+            row.end(sets)
+        else:
+            row = constrained_row(sets, extra, req.output_ids, str(getattr(req, "rid", "?")))  # type: ignore[assignment]
+            if row.compiled is sets.ended():
+                _abort(req, "triemask: the request's set cannot be compiled for this model (see the server log)")
+        with _LOCK:
+            _ROWS[req.rid] = (row, sets)
+            while len(_ROWS) > _MAX_ROWS:
+                _ROWS.popitem(last=False)
+        return row, sets
+
+
+def _abort(req: Any, message: str) -> None:
+    """Finish ``req`` with an error (SGLang reports it to the client); logged either way."""
+    logger.error("%s (request %s)", message, getattr(req, "rid", "?"))
+    finish = getattr(req, "set_finish_with_abort", None)
+    if callable(finish):
+        try:
+            finish(message)
+        except Exception:  # noqa: BLE001 - the EOS-only row still ends the request
+            logger.exception("triemask: could not abort request %s", getattr(req, "rid", "?"))
 
 
 class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
@@ -133,6 +194,7 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Any = None, fallback: Any = None) -> None:
         super().__init__()
         self.compiler = Compiler(hf_vocabulary(tokenizer, vocab_size, eos_token_ids))
+        self.limits = Limits.from_env()
         self._fallback = fallback
         self._fallback_args = (tokenizer, vocab_size, eos_token_ids)
 
@@ -150,7 +212,12 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
         values = literal_alternatives(kind, text)
         if values is None:
             return getattr(self._other(), f"dispatch_{kind}")(text)
-        return TriemaskGrammar(self.compiler.compile(values))
+        try:
+            requested_values({"triemask_values": values}, self.limits)  # the same limits as requests
+            return TriemaskGrammar(self.compiler.compile(values))
+        except Exception as error:  # noqa: BLE001 - SGLang aborts the request on an invalid grammar
+            logger.error("triemask: invalid %s grammar (%d alternatives): %s", kind, len(values), error)
+            return _INVALID_GRAMMAR
 
     def dispatch_regex(self, key_string: str) -> Any:
         return self._dispatch("regex", key_string)

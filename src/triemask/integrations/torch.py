@@ -1,13 +1,16 @@
 """Masks built on a torch device from a compiled automaton uploaded once.
 
 >>> on_gpu = DeviceAutomaton(automaton, "cuda")  # doctest: +SKIP
->>> logits = on_gpu.mask_logits(logits, states)  # states: (batch,) int64 on the device  # doctest: +SKIP
+>>> logits = on_gpu.mask_logits(logits, states)  # states: host int array or (batch,) int64 on the device  # doctest: +SKIP
 
-For a batch of states, each state's allowed tokens are gathered from the automaton's
-CSR arrays (padded to the largest allowed set, so shapes are static) and scattered into
-a ``(batch, vocab)`` boolean mask on the device: no CPU bitmask, no host synchronisation,
-work proportional to ``batch x largest allowed set``. Advancing the states is the same
-gather followed by a comparison with the sampled tokens.
+For a batch of states, the allowed ``(row, token)`` pairs are taken from the
+automaton's CSR arrays (no padding: the work follows the allowed tokens of the rows'
+actual states, whatever the widest node of the set), the allowed logits gathered,
+the rows filled with ``-inf`` and the gathered logits scattered back: no CPU bitmask
+and no vocabulary-wide mask. States held on the host (vLLM's V1 runner, SGLang) give
+the pairs with NumPy and upload them; states held on the device (Model Runner V2)
+give them on the device, at the cost of one scalar read (the number of pairs).
+Advancing device states is a binary search over the edges' ``(node, token)`` keys.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from .._automaton import DEAD, TrieAutomaton
+from .._errors import ArgumentTypeError, BitmaskError, StateError
 
 try:
     import torch
@@ -38,46 +42,94 @@ class DeviceAutomaton:
 
     Notes
     -----
-    States are the automaton's integer states, as a 1-D ``int64`` tensor on the same
-    device. A final or DEAD state allows nothing; :meth:`allowed_mask` lets such rows
-    emit EOS (``ended_allow_eos``) so a finished or derailed row can always stop.
+    States are the automaton's integer states: a 1-D ``int64`` tensor on the same
+    device, or a host sequence / NumPy array. A final or DEAD state allows nothing;
+    :meth:`mask_logits` and :meth:`allowed_mask` let such rows emit EOS
+    (``ended_allow_eos``) so a finished or derailed row can always stop.
     """
 
     def __init__(self, automaton: TrieAutomaton, device: Any = None) -> None:
         if not isinstance(automaton, TrieAutomaton):
-            raise TypeError(f"DeviceAutomaton needs a TrieAutomaton, got {type(automaton).__qualname__}")
+            raise ArgumentTypeError(f"DeviceAutomaton needs a TrieAutomaton, got {type(automaton).__qualname__}")
         self.automaton = automaton
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        try:
+            self.device = torch.device(device) if device is not None else torch.device("cpu")
+        except (TypeError, RuntimeError) as error:
+            raise ArgumentTypeError(f"device {device!r} is not a torch device: {error}") from None
         offsets = automaton._edge_offsets  # num_nodes + 2 entries: the last pair is an empty sentinel
-        self.max_allowed = int(np.diff(offsets).max(initial=0))
-        # one padding edge at the end: lanes past a state's allowed tokens point at it
-        self._padding = len(automaton._edge_tokens)
-        tokens = np.append(automaton._edge_tokens.astype(np.int64), automaton.vocab_size)
-        dests = np.append(automaton._edge_dests.astype(np.int64), DEAD)
+        tokens = automaton._edge_tokens.astype(np.int64)
+        # (node, token) of every edge as one sorted key: CSR order is node, then token ascending
+        sources = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+        self._stride = automaton.vocab_size + 1
         self._offsets = torch.from_numpy(offsets.astype(np.int64)).to(self.device)
         self._tokens = torch.from_numpy(tokens).to(self.device)
-        self._dests = torch.from_numpy(dests).to(self.device)
-        # at least as many lanes as EOS ids, so an ended row can allow all of them
-        self._lanes = torch.arange(max(self.max_allowed, len(automaton.eos_token_ids), 1), device=self.device)
-        self._eos = torch.tensor(automaton.eos_token_ids, dtype=torch.int64, device=self.device)
+        self._dests = torch.from_numpy(automaton._edge_dests.astype(np.int64)).to(self.device)
+        self._keys = torch.from_numpy(sources * self._stride + tokens).to(self.device)
+        self._eos_host = np.asarray(automaton.eos_token_ids, dtype=np.int64)
+        self._eos = torch.from_numpy(self._eos_host).to(self.device)
 
     @property
     def memory_bytes(self) -> int:
         """Device bytes held by the uploaded arrays."""
-        return sum(t.numel() * t.element_size() for t in (self._offsets, self._tokens, self._dests, self._lanes))
+        return sum(t.numel() * t.element_size() for t in (self._offsets, self._tokens, self._dests, self._keys))
 
-    def _edges(self, states: Any) -> tuple[Any, Any]:
-        """Each state's allowed edges as a ``(batch, max_allowed)`` index, and the ended rows."""
+    # ------------------------------------------------------------------ pairs
+
+    def _host_pairs(self, states: Any, ended_allow_eos: bool) -> tuple[Any, Any, Any]:
+        """(row, token) pairs and the rows allowing nothing, from host states."""
+        array = np.asarray(states)
+        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            raise StateError(f"states must be a 1-D sequence of integers, got {_describe(array)}")
+        rows, tokens = self.automaton.allowed_token_pairs(array.astype(np.int64, copy=False))
+        live = (array >= 0) & (array < self.automaton.num_nodes)
+        empty = live & (np.bincount(rows, minlength=len(array)) == 0)  # a value's end without EOS
+        if ended_allow_eos and len(self._eos_host):
+            ended = np.flatnonzero(~live)
+            rows = np.concatenate([rows, np.repeat(ended, len(self._eos_host))])
+            tokens = np.concatenate([tokens.astype(np.int64), np.tile(self._eos_host, len(ended))])
+        else:
+            empty |= ~live
+        return (
+            torch.from_numpy(rows).to(self.device, non_blocking=True),
+            torch.from_numpy(tokens.astype(np.int64, copy=False)).to(self.device, non_blocking=True),
+            torch.from_numpy(empty).to(self.device, non_blocking=True),
+        )
+
+    def _device_pairs(self, states: Any, ended_allow_eos: bool) -> tuple[Any, Any, Any]:
+        """(row, token) pairs and the rows allowing nothing, from device states."""
+        nodes, live = self._nodes(states)
+        first = self._offsets[nodes]
+        counts = self._offsets[nodes + 1] - first
+        total = int(counts.sum())  # the one host read: how many pairs there are
+        batch = torch.arange(len(states), device=self.device)
+        rows = torch.repeat_interleave(batch, counts, output_size=total)
+        starts = torch.repeat_interleave(first - (torch.cumsum(counts, 0) - counts), counts, output_size=total)
+        tokens = self._tokens[torch.arange(total, device=self.device) + starts]
+        empty = live & (counts == 0)
+        if ended_allow_eos and len(self._eos):
+            eos_rows = batch.repeat_interleave(len(self._eos))
+            keep = ~live.repeat_interleave(len(self._eos))
+            rows = torch.cat([rows, eos_rows[keep]])
+            tokens = torch.cat([tokens, self._eos.repeat(len(states))[keep]])
+        else:
+            empty = empty | ~live
+        return rows, tokens, empty
+
+    def _pairs(self, states: Any, ended_allow_eos: bool) -> tuple[Any, Any, Any]:
+        if isinstance(states, torch.Tensor):
+            return self._device_pairs(states, ended_allow_eos)
+        return self._host_pairs(states, ended_allow_eos)
+
+    def _nodes(self, states: Any) -> tuple[Any, Any]:
+        """Device states as trie nodes (final / DEAD -> the empty sentinel), and which are live."""
         if not isinstance(states, torch.Tensor) or states.dim() != 1 or states.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"states must be a 1-D int64 tensor, got {_describe(states)}")
+            raise StateError(f"states must be a 1-D int64 tensor, got {_describe(states)}")
         if states.device != self.device:
-            raise ValueError(f"states are on {states.device} but the automaton is on {self.device}")
+            raise StateError(f"states are on {states.device} but the automaton is on {self.device}")
         live = (states >= 0) & (states < self.automaton.num_nodes)
-        nodes = torch.where(live, states.long(), self.automaton.num_nodes)  # the empty sentinel node
-        first, last = self._offsets[nodes], self._offsets[nodes + 1]
-        index = first[:, None] + self._lanes[None, :]
-        index = torch.where(index < last[:, None], index, self._padding)
-        return index, ~live
+        return torch.where(live, states.long(), self.automaton.num_nodes), live
+
+    # ------------------------------------------------------------------ masks
 
     def allowed_mask(self, states: Any, vocab_size: int | None = None, *, ended_allow_eos: bool = True) -> Any:
         """A ``(batch, vocab_size)`` boolean tensor: token ``j`` allowed in row ``i``.
@@ -87,66 +139,59 @@ class DeviceAutomaton:
         """
         width = self.automaton.vocab_size if vocab_size is None else int(vocab_size)
         if width < self.automaton.vocab_size:
-            raise ValueError(f"vocab_size={width} is smaller than the automaton's {self.automaton.vocab_size}")
-        index, ended = self._edges(states)
-        tokens = self._tokens[index]  # padding lanes hold column vocab_size, dropped below
-        tokens = torch.where(tokens == self.automaton.vocab_size, width, tokens)
-        mask = torch.zeros((len(states), width + 1), dtype=torch.bool, device=self.device)
-        mask.scatter_(1, tokens, True)
-        if ended_allow_eos and len(self._eos):
-            mask[:, self._eos] |= ended[:, None]
-        return mask[:, :width]
+            raise BitmaskError(f"vocab_size={width} is smaller than the automaton's {self.automaton.vocab_size}")
+        rows, tokens, _ = self._pairs(states, ended_allow_eos)
+        mask = torch.zeros((len(states), width), dtype=torch.bool, device=self.device)
+        mask[rows, tokens] = True
+        return mask
 
     def mask_logits(self, logits: Any, states: Any, rows: Any = None, *, ended_allow_eos: bool = True) -> Any:
         """Set the logits of disallowed tokens to ``-inf``, in place, and return them.
 
-        ``rows`` (a 1-D int64 tensor, distinct) names the rows of ``logits`` that
-        ``states`` belong to; by default row ``i`` has ``states[i]``. Other rows are not
-        touched. The allowed logits are gathered, the rows filled with ``-inf`` and the
-        gathered values scattered back: no vocabulary-wide mask and no host synchronisation.
+        ``states`` is a host sequence / array of ints or a 1-D int64 tensor on this
+        automaton's device. ``rows`` (a 1-D int64 tensor, distinct) names the rows of
+        ``logits`` that ``states`` belong to; by default row ``i`` has ``states[i]``.
+        Other rows are not touched. The allowed logits are gathered, the rows filled
+        with ``-inf`` and the gathered values scattered back: the work follows the
+        allowed tokens of the given states.
         """
         count = len(states)
-        if logits.dim() != 2 or (rows is None and logits.shape[0] != count):
-            raise ValueError(f"logits must be (batch={count}, vocab), got shape {tuple(logits.shape)}")
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or (rows is None and logits.shape[0] != count):
+            raise BitmaskError(f"logits must be a (batch={count}, vocab) tensor, got {_describe(logits)}")
         if logits.shape[1] < self.automaton.vocab_size:
-            raise ValueError(
+            raise BitmaskError(
                 f"logits have {logits.shape[1]} columns, fewer than the automaton's {self.automaton.vocab_size}"
             )
         if rows is None:
             rows = torch.arange(count, device=logits.device)
         elif not isinstance(rows, torch.Tensor) or rows.shape != (count,):
-            raise ValueError(f"rows must be a tensor of shape ({count},), got {_describe(rows)}")
-        index, ended = self._edges(states)
-        tokens = self._tokens[index]
-        # padding lanes repeat the row's first lane, so writing them back changes nothing
-        padded = index == self._padding
-        tokens = torch.where(padded, tokens[:, :1], tokens)
-        empty = padded[:, 0]  # nothing allowed: final, DEAD, or a value's end without EOS
-        if ended_allow_eos and len(self._eos):  # finished or derailed rows may still stop
-            eos_lanes = self._eos[torch.clamp(self._lanes, max=len(self._eos) - 1)]
-            tokens = torch.where(ended[:, None], eos_lanes[None, :], tokens)
-            empty = empty & ~ended
-        tokens = torch.where(empty[:, None], 0, tokens).to(logits.device)
+            raise StateError(f"rows must be a tensor of shape ({count},), got {_describe(rows)}")
+        pair_rows, tokens, _ = self._pairs(states, ended_allow_eos)
         rows = rows.to(logits.device)
-        row_index = rows[:, None].expand_as(tokens)
-        kept = logits[row_index, tokens].masked_fill(empty[:, None].to(logits.device), float("-inf"))
-        logits.index_fill_(0, rows, float("-inf"))
-        logits[row_index, tokens] = kept
+        where = (rows[pair_rows.to(logits.device)], tokens.to(logits.device))
+        kept = logits[where]
+        logits.index_fill_(0, rows, float("-inf"))  # rows allowing nothing stay -inf
+        logits[where] = kept
         return logits
 
     def next_states(self, states: Any, token_ids: Any) -> Any:
         """The state of each row after its token (DEAD where not allowed), on the device."""
-        index, _ = self._edges(states)
+        nodes, live = self._nodes(states)
         if not isinstance(token_ids, torch.Tensor) or token_ids.shape != states.shape:
-            raise ValueError(f"token_ids must be a tensor of shape {tuple(states.shape)}, got {_describe(token_ids)}")
-        match = self._tokens[index] == token_ids.to(self.device, torch.int64)[:, None]
-        found = match.any(dim=1)
-        # allowed tokens are distinct within a row: at most one lane matches
-        destination = (self._dests[index] * match).sum(dim=1)
-        return torch.where(found, destination, DEAD)
+            raise StateError(f"token_ids must be a tensor of shape {tuple(states.shape)}, got {_describe(token_ids)}")
+        if not len(self._keys):
+            return torch.full_like(nodes, DEAD)
+        tokens = token_ids.to(self.device, torch.int64)
+        query = nodes * self._stride + tokens.clamp(0, self._stride - 1)
+        position = torch.searchsorted(self._keys, query).clamp(max=len(self._keys) - 1)
+        found = live & (self._keys[position] == query) & (tokens >= 0) & (tokens < self._stride - 1)
+        return torch.where(found, self._dests[position], DEAD)
 
 
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"tensor of dtype {value.dtype} and shape {tuple(value.shape)} on {value.device}"
+    if isinstance(value, np.ndarray):
+        return f"array of dtype {value.dtype} and shape {value.shape}"
     return type(value).__qualname__
+

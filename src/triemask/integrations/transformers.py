@@ -39,6 +39,17 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
 __all__ = ["DEFAULT_MODEL", "TrieLogitsProcessor", "choose", "compiler_for", "load_default_model"]
 
 
+def _extends(ids: npt.NDArray[np.int64], previous: npt.NDArray[np.int64]) -> bool:
+    """Whether every row of ``ids`` is a row of ``previous`` plus one token (rows may
+    be reordered or repeated between calls, as beam search does)."""
+    if ids.shape[0] != previous.shape[0] or ids.shape[1] != previous.shape[1] + 1:
+        return False
+    if np.array_equal(ids[:, :-1], previous):
+        return True
+    rows = {row.tobytes() for row in previous}
+    return all(row.tobytes() in rows for row in ids[:, :-1])
+
+
 class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore]  # Any without transformers
     """A ``LogitsProcessor`` that allows, in every row, only tokens that keep the
     row's generated text a prefix of a value of ``automaton`` (and EOS once a value
@@ -50,9 +61,9 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         The compiled set; its ``vocab_size`` must not exceed the model's logits width.
     prompt_length : int, optional
         Where generation starts in ``input_ids`` (the padded prompt length). By
-        default the length seen at the first call; a call whose length is not one
-        more than the previous call's starts a new generation, so one processor can
-        serve successive ``generate`` calls.
+        default the length seen at the first call; a call that does not extend the
+        previous call's ``input_ids`` by one token starts a new generation, so one
+        processor can serve successive ``generate`` calls.
 
     Notes
     -----
@@ -76,7 +87,7 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         self.automaton = automaton
         self._fixed_start = prompt_length
         self._start = prompt_length if prompt_length is not None else -1
-        self._last_length = -1
+        self._previous: npt.NDArray[np.int64] | None = None  # the previous call's input_ids
         self._generated: npt.NDArray[np.int64] | None = None  # previous call's generated tokens
         self._states: npt.NDArray[np.int64] | None = None  # and the states they lead to
         self._eos = np.asarray(automaton.eos_token_ids, dtype=np.int64)
@@ -86,12 +97,13 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
     def states(self, input_ids: Any) -> npt.NDArray[np.int64]:
         """The automaton state of every row of ``input_ids`` (batch, sequence length)."""
         length = int(input_ids.shape[1])
-        if self._fixed_start is None and length != self._last_length + 1:
+        ids = input_ids.detach().cpu().numpy().astype(np.int64, copy=False)
+        previous, self._previous = self._previous, ids.copy()
+        if self._fixed_start is None and (previous is None or not _extends(ids, previous)):
             self._start, self._generated, self._states = length, None, None  # a new generation
-        self._last_length = length
         if not 0 <= self._start <= length:
             raise ValueError(f"prompt_length={self._start} is outside input_ids of length {length}")
-        generated = input_ids[:, self._start :].detach().cpu().numpy().astype(np.int64, copy=False)
+        generated = ids[:, self._start :]
         previous, states = self._generated, self._states
         if (
             previous is not None

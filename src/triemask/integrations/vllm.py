@@ -12,19 +12,23 @@ or ``LLM(logits_processors=[TriemaskLogitsProcessor])``) and ask per request::
     SamplingParams(extra_args={"triemask_values": ["slack.send_message", "github.create_issue"]})
     SamplingParams(extra_args={"triemask_set": "tools"})   # a set registered from $TRIEMASK_SETS
 
-Over HTTP the same keys go in ``vllm_xargs``. Sets are compiled on first sight and kept
+Over HTTP the same keys go in ``vllm_xargs``. Malformed or oversize arguments are
+rejected when the request is admitted (HTTP 400 naming the field; limits in
+``$TRIEMASK_MAX_VALUES``, ``$TRIEMASK_MAX_VALUE_BYTES``, ``$TRIEMASK_MAX_SET_BYTES``).
+Registered sets are compiled when the engine starts; other sets on first sight, kept
 in a byte-bounded LRU keyed by content hash (``$TRIEMASK_CACHE_BYTES``, default 1 GiB),
-their arrays uploaded to the model's device once; each step, every constrained row of
-a set is masked with one device operation, and rows without a triemask request are
-left untouched. Malformed arguments are rejected when the request is admitted (HTTP 400).
-See docs/serving.md.
+their arrays uploaded to the model's device once. A set that still fails for the
+model's vocabulary (a value no token sequence spells) ends its request alone: the row
+allows only EOS and an error is logged; no exception leaves the engine step. Each
+step, every constrained row of a set is masked with one device operation, and rows
+without a triemask request are left untouched. See docs/serving.md.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._serving import BatchRows, SlotStates, compiled_sets_for_model, requested_values
+from ._serving import BatchRows, SlotStates, compile_registered, compiled_sets_for_model, requested_values
 
 try:
     from vllm.v1.sample.logits_processor import LogitsProcessor as _V1LogitsProcessor
@@ -47,14 +51,17 @@ __all__ = ["TriemaskLogitsProcessor", "TriemaskLogitsProcessorV2"]
 
 
 def _sets(vllm_config: Any, device: Any) -> Any:
+    """The model's compiled-set cache, with the registered sets compiled (engine start-up)."""
     model = vllm_config.model_config
-    return compiled_sets_for_model(
+    sets = compiled_sets_for_model(
         model.tokenizer,
         model.get_vocab_size(),
         device,
         revision=getattr(model, "tokenizer_revision", None),
         trust_remote_code=bool(getattr(model, "trust_remote_code", False)),
     )
+    compile_registered(sets)
+    return sets
 
 
 def _validate(sampling_params: Any) -> None:
