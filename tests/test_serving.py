@@ -71,9 +71,15 @@ def test_requests_name_their_set_or_list_it(registered) -> None:  # type: ignore
         ({"triemask_set": 7}, "'triemask_set' must be a set name"),
         ({"triemask_set": "nope"}, r"unknown set 'nope'$"),  # other sets' names are not told to the client
         ({"triemask_values": ["ok", "\ud800"]}, r"item 1 is not valid Unicode \(surrogates not allowed"),
-        ({"triemask_values": ["a"] * 11}, r"holds 11 values, more than the server's limit of 10 \(\$TRIEMASK_MAX_VALUES\)"),
+        (
+            {"triemask_values": ["a"] * 11},
+            r"holds 11 values, more than the server's limit of 10 \(\$TRIEMASK_MAX_VALUES\)",
+        ),
         ({"triemask_values": ["é" * 9]}, r"item 0 has 18 UTF-8 bytes, more than the server's limit of 16"),
-        ({"triemask_values": ["abcdefgh"] * 5}, r"limit of 32 UTF-8 bytes per set \(\$TRIEMASK_MAX_SET_BYTES\) at item 4"),
+        (
+            {"triemask_values": ["abcdefgh"] * 5},
+            r"limit of 32 UTF-8 bytes per set \(\$TRIEMASK_MAX_SET_BYTES\) at item 4",
+        ),
         ({"triemask_set": "tools", "triemask_values": ["a"]}, "not both"),
     ],
 )

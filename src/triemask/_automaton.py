@@ -260,7 +260,9 @@ class TrieAutomaton:
         """The state after ``token_id``; :data:`DEAD` when the token is not allowed."""
         if type(token_id) is not int:
             token_id = _state_index(token_id, "token ids")
-        if type(state) is not int or not 0 <= state < self._num_nodes:
+        if type(state) is not int:
+            state = _state_index(state)
+        if not 0 <= state < self._num_nodes:
             self._node(state)  # raises for ids that are no state; final and DEAD allow nothing
             return DEAD
         lo = self._edge_offsets_view[state]

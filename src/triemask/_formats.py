@@ -135,7 +135,7 @@ def read_sentencepiece_model(data: bytes) -> tuple[list[tuple[str, int]], int]:
     """
     pieces: list[tuple[str, int]] = []
     eos_id = 2  # the protobuf default of TrainerSpec.eos_id
-    for number, wire, value, offset in _protobuf_fields(data, 0, len(data)):
+    for number, wire, value, _ in _protobuf_fields(data, 0, len(data)):
         if number == 1 and wire == 2:  # repeated SentencePiece pieces
             piece, kind = "", TYPE_NORMAL
             for sub_number, sub_wire, sub_value, sub_offset in _protobuf_fields(data, *value):

@@ -357,7 +357,7 @@ class CompiledSets:
             raise SetCompileError(failure)
         try:
             entry = self._compile(values)
-        except Exception as error:  # noqa: BLE001 - any failure ends this request alone
+        except Exception as error:
             message = f"{type(error).__name__}: {error}"[:500]
             with self._lock:
                 self._failures[key] = message
@@ -403,7 +403,7 @@ def compile_registered(sets: CompiledSets) -> None:
     for name, values in registered.items():
         try:
             total += sets.pin(values).nbytes
-        except Exception as error:
+        except Exception as error:  # noqa: PERF203 - the error path only
             raise ValueError(f"{SETS_ENV}: set {name!r} does not compile: {error}") from error
     if registered:
         logger.info(
@@ -504,7 +504,7 @@ def constrained_row(sets: CompiledSets, extra_args: Any, output_ids: Sequence[in
         if values is None:
             return None
         return Row(sets.get(values), output_ids)
-    except Exception as error:  # noqa: BLE001 - one request's failure must not reach the engine
+    except Exception as error:
         logger.error("triemask: request %s ended (only EOS allowed): %s", request or "?", error)
         row = Row(sets.ended(), output_ids)
         row.end(sets)
@@ -516,7 +516,7 @@ def catch_up_rows(sets: CompiledSets, rows: Mapping[Any, Row]) -> None:
     for key, row in rows.items():
         try:
             row.catch_up()
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:  # noqa: PERF203 - any failure ends this row alone
             logger.error("triemask: request %s ended (only EOS allowed): %s", key, error)
             row.end(sets)
 

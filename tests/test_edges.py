@@ -1,0 +1,111 @@
+"""Numeric and type edges: every bad argument is a TriemaskError subclass naming the value,
+never a silent wrap, truncation or a bare error from deep inside."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import byte_vocabulary
+from triemask import (
+    ArgumentTypeError,
+    BitmaskError,
+    Compiler,
+    Matcher,
+    StateError,
+    TriemaskError,
+    ValueIndexError,
+    Vocabulary,
+    VocabularyError,
+    allocate_token_bitmask,
+)
+from triemask._automaton import _ROW_BY_ROW
+
+
+@pytest.fixture(scope="module")
+def automaton():  # type: ignore[no-untyped-def]
+    return Compiler(byte_vocabulary()).compile(["get", "get_user", "us"])
+
+
+def test_vocab_size_beyond_int32_token_ids_is_refused() -> None:
+    with pytest.raises(VocabularyError, match=r"vocab_size=2147483653 exceeds triemask's limit of 2147483648"):
+        Vocabulary([b"a", None], eos_token_ids=1, vocab_size=2**31 + 5)
+
+
+@pytest.mark.parametrize("eos", [1.0, "1", [1.0], [True]])
+def test_eos_ids_must_be_integers(eos: object) -> None:
+    with pytest.raises(VocabularyError, match="EOS token ids must be"):
+        Vocabulary([b"a", None], eos_token_ids=eos)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("state", [1.5, True, np.bool_(False), "0", None])
+def test_states_must_be_integers_everywhere(automaton, state: object) -> None:  # type: ignore[no-untyped-def]
+    for query in (
+        automaton.is_accepting,
+        automaton.is_final,
+        automaton.value_of,
+        automaton.allowed_token_ids,
+        lambda s: automaton.next_state(s, 0),
+        lambda s: automaton.next_state(0, s),  # as a token id
+        lambda s: automaton.next_states([s], [0]),
+        lambda s: automaton.fill_bitmask(allocate_token_bitmask(1, automaton.vocab_size), [s]),
+    ):
+        with pytest.raises(StateError, match="must be integers"):
+            query(state)
+
+
+def test_numpy_integers_still_work(automaton) -> None:  # type: ignore[no-untyped-def]
+    g = automaton.next_state(np.int32(0), np.int64(ord("g")))
+    assert g == automaton.next_state(0, ord("g")) and automaton.is_accepting(np.int64(0)) is False
+
+
+@pytest.mark.parametrize("count", [1, _ROW_BY_ROW + 5])  # the row-by-row path and the vectorised one
+def test_huge_unsigned_states_are_not_wrapped_to_dead(automaton, count: int) -> None:  # type: ignore[no-untyped-def]
+    states = np.full(count, 2**64 - 1, dtype=np.uint64)
+    with pytest.raises(StateError, match="18446744073709551615 is not a state"):
+        automaton.next_states(states, np.zeros(count, dtype=np.int64))
+    with pytest.raises(StateError, match="18446744073709551615 is not a state"):
+        automaton.fill_bitmask(allocate_token_bitmask(count, automaton.vocab_size), states)
+
+
+def test_bool_rows_and_tokens_are_refused(automaton) -> None:  # type: ignore[no-untyped-def]
+    bitmask = allocate_token_bitmask(2, automaton.vocab_size)
+    with pytest.raises(StateError, match="rows must be integers, got bool True"):
+        automaton.fill_bitmask(bitmask, [0], rows=[True])
+    with pytest.raises(StateError, match="rows must be"):
+        automaton.fill_bitmask(bitmask, [0] * 30, rows=np.ones(30, dtype=bool))
+    matcher = Matcher(automaton)
+    assert matcher.accept_token(True) is False and matcher.state == 0  # a bool is no token id
+    with pytest.raises(StateError, match="row True is outside"):
+        matcher.fill_next_token_bitmask(bitmask, row=True)  # type: ignore[arg-type]
+    with pytest.raises(StateError, match="cannot roll back True"):
+        matcher.rollback(True)  # type: ignore[arg-type]
+
+
+def test_buffers_and_sizes(automaton) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ArgumentTypeError, match=r"batch_size must be an integer, got float 1\.5"):
+        allocate_token_bitmask(1.5, 10)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match=r"vocab_size must be an integer, got float 10\.7"):
+        allocate_token_bitmask(1, 10.7)  # type: ignore[arg-type]
+    with pytest.raises(BitmaskError):
+        allocate_token_bitmask(-1, 10)
+    empty = np.zeros((0, allocate_token_bitmask(1, automaton.vocab_size).shape[1]), dtype=np.int32)
+    with pytest.raises(StateError, match="1 states but the bitmask has only 0 rows"):
+        automaton.fill_bitmask(empty, [0])
+
+
+def test_constructors_and_indices_raise_triemask_errors(automaton) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ArgumentTypeError, match=r"Compiler needs a triemask\.Vocabulary, got str"):
+        Compiler("x")  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match="Matcher needs a TrieAutomaton"):
+        Matcher(42)  # type: ignore[arg-type]
+    for rollback in (-1, 1.5):
+        with pytest.raises(StateError, match="max_rollback must be an integer >= 0"):
+            Matcher(automaton, max_rollback=rollback)  # type: ignore[arg-type]
+    with pytest.raises(ValueIndexError, match=r"value index 3 is outside \[0, 3\)"):
+        automaton.value(3)
+    with pytest.raises(StateError, match="value indices must be integers"):
+        automaton.value(1.5)
+    for error in (ArgumentTypeError, ValueIndexError):
+        assert issubclass(error, TriemaskError)
+    assert issubclass(ArgumentTypeError, TypeError) and issubclass(ValueIndexError, IndexError)
