@@ -147,12 +147,14 @@ def tiny_causal_lm(vocab_size: int, seed: int) -> object:
     return transformers.Qwen2ForCausalLM(config).eval()
 
 
-def byte_level_tokenizer() -> object:
-    """A small byte-level BPE tokenizer with a chat template, built in memory."""
+def byte_level_tokenizer(missing: str = "") -> object:
+    """A small byte-level BPE tokenizer with a chat template, built in memory; the ASCII
+    characters of ``missing`` have no token (values holding them cannot be spelled)."""
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    vocab = {char: i for i, char in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    alphabet = sorted(set(pre_tokenizers.ByteLevel.alphabet()) - set(missing))
+    vocab = {char: i for i, char in enumerate(alphabet)}
     merges = []
     for left, right in [("g", "e"), ("ge", "t"), ("_", "u"), ("_u", "s"), ("Ġ", "P"), ("a", "r"), ("i", "s")]:
         merges.append((left, right))

@@ -79,7 +79,8 @@ def test_bad_inputs_are_explained() -> None:
 
 def test_work_follows_the_rows_states_not_the_widest_node() -> None:
     """150,000 single-token values: the root allows 150,000 tokens, every other state a
-    few; a batch of rows past the root costs what their own states allow."""
+    few. Rows past the root cost what their own states allow; rows at the root (more
+    than half the vocabulary allowed) cost their ~2,000 disallowed tokens. Masks stay exact."""
     compiler = real_compiler("qwen2")
     vocab = compiler.vocab
     singles = [vocab.token_bytes(int(t)) for t in vocab.text_token_ids()[:150_000]]
@@ -87,13 +88,30 @@ def test_work_follows_the_rows_states_not_the_widest_node() -> None:
     on_device = DeviceAutomaton(automaton)
     assert len(automaton.allowed_token_ids(0)) > 100_000
     deep = np.array([automaton.next_state(0, int(t)) for t in vocab.text_token_ids()[1000:1064]])
+    expected = sum(len(automaton.allowed_token_ids(s)) or len(automaton.eos_token_ids) for s in deep.tolist())
     for states in (deep, torch.from_numpy(deep)):
-        rows, tokens, _ = on_device._pairs(states, True)
-        expected = sum(len(automaton.allowed_token_ids(s)) or len(automaton.eos_token_ids) for s in deep.tolist())
-        assert len(rows) == len(tokens) == expected < 64 * 100
-    logits = torch.zeros(64, automaton.vocab_size)
-    on_device.mask_logits(logits, deep)
-    assert torch.equal(torch.isfinite(logits), on_device.allowed_mask(deep))
+        plan = on_device._plan(states, True)
+        assert len(plan.allowed_rows) == len(plan.allowed_tokens) == expected < 64 * 100 and len(plan.wide) == 0
+    eos = automaton.eos_token_ids[0]
+    final = automaton.next_state(deep[0], eos)
+    mixed = np.array([0, *deep[:5].tolist(), 0, DEAD, final, 0])
+    for states in (mixed, torch.from_numpy(mixed)):
+        plan = on_device._plan(states, True)
+        assert sorted(np.asarray(plan.wide).tolist()) == [0, 6, 9]
+        assert len(plan.banned_rows) == 3 * (automaton.vocab_size - len(automaton.allowed_token_ids(0))) < 3 * 3000
+        mask = on_device.allowed_mask(states, automaton.vocab_size + 3).numpy()
+        for row, state in enumerate(mixed.tolist()):
+            live = 0 <= state < automaton.num_nodes
+            allowed = automaton.allowed_token_ids(state).tolist() if live else list(automaton.eos_token_ids)
+            assert np.flatnonzero(mask[row]).tolist() == allowed
+        logits = torch.randn(12, automaton.vocab_size + 3)
+        before = logits.clone()
+        where = torch.tensor([11, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+        on_device.mask_logits(logits, states, where)
+        assert torch.equal(torch.isfinite(logits[where]), torch.from_numpy(mask))
+        assert torch.equal(logits[where][torch.from_numpy(mask)], before[where][torch.from_numpy(mask)])
+        assert torch.equal(logits[9:11], before[9:11])  # rows not named are untouched
+    assert on_device.memory_bytes < automaton.memory_bytes * 2  # the wide rows cost little
 
 
 @pytest.mark.parametrize("which", range(3))

@@ -29,14 +29,13 @@ VALUES = ["get", "get_user", "get_users", "user", "us", "Paris", "slack.send_mes
 ANSWERS = ["yes", "no", "maybe"]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A randomly initialised Qwen2-style model (head_dim 64, float32) and a byte-level tokenizer."""
+def _tiny_model(folder: Path, missing: str = "") -> Path:
+    """A randomly initialised Qwen2-style model (head_dim 64, float32) and a byte-level
+    tokenizer (without tokens for the characters of ``missing``)."""
     import torch
     import transformers
 
-    folder = tmp_path_factory.mktemp("tiny-qwen2")
-    tokenizer = byte_level_tokenizer()
+    tokenizer = byte_level_tokenizer(missing)
     config = transformers.Qwen2Config(
         vocab_size=320,  # the logits are wider than the tokenizer, as in most real models
         hidden_size=128,
@@ -54,6 +53,11 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     transformers.Qwen2ForCausalLM(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)  # type: ignore[attr-defined]
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _tiny_model(tmp_path_factory.mktemp("tiny-qwen2"))
 
 
 @pytest.fixture(scope="module")
@@ -135,63 +139,204 @@ def _post(url: str, body: dict) -> tuple[int, dict]:  # type: ignore[type-arg]
         return error.code, json.loads(error.read() or b"{}")
 
 
-def test_openai_server_takes_the_set_in_vllm_xargs(tiny_model: Path, sets_folder: Path, tmp_path: Path) -> None:
-    port = _free_port()
-    log = (tmp_path / "server.log").open("w")
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(tiny_model),
-            "--port",
-            str(port),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "256",
-            "--enforce-eager",
-            "--logits-processors",
-            "triemask.integrations.vllm:TriemaskLogitsProcessor",
-        ],
-        env={**os.environ, **_engine_env(sets_folder)},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    try:
+class _Server:
+    """The OpenAI-compatible server with the triemask processor, on a free loopback port."""
+
+    def __init__(self, model: Path, env: dict[str, str], log: Path) -> None:
+        self.model, self.port, self.log_path = model, _free_port(), log
+        self.log = log.open("w")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(model),
+                "--port",
+                str(self.port),
+                "--dtype",
+                "float32",
+                "--max-model-len",
+                "256",
+                "--enforce-eager",
+                "--logits-processors",
+                "triemask.integrations.vllm:TriemaskLogitsProcessor",
+            ],
+            env={**os.environ, **env},
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 600
-        while True:
-            assert server.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+        while not self.healthy():
+            assert self.process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the server did not start in 10 minutes"
+            time.sleep(2)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1/completions"
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as response:
+                return bool(response.status == 200)
+        except OSError:
+            return False
+
+    def complete(self, xargs: dict | None, prompt: str = "Pick one:", **body: object) -> tuple[int, dict]:  # type: ignore[type-arg]
+        request = {"model": str(self.model), "prompt": prompt, "max_tokens": 24, "temperature": 1.0, **body}
+        if xargs is not None:
+            request["vllm_xargs"] = xargs
+        return _post(self.url, request)
+
+    def cancel_after_first_chunk(self, xargs: dict) -> None:  # type: ignore[type-arg]
+        """A streamed request whose client goes away after the first chunk."""
+        body = {"model": str(self.model), "prompt": "Go:", "max_tokens": 40, "stream": True, "vllm_xargs": xargs}
+        request = urllib.request.Request(self.url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as response:
+            response.readline()
+
+    def memory_kib(self) -> int:
+        """Resident memory of the server and its engine processes."""
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
-                    break
+                fields = stat.read_text().rsplit(")", 1)[1].split()
             except OSError:
-                assert time.monotonic() < deadline, "the server did not start in 10 minutes"
-                time.sleep(2)
-        url = f"http://127.0.0.1:{port}/v1/completions"
+                continue
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        total, todo = 0, [self.process.pid]
+        while todo:
+            pid = todo.pop()
+            todo.extend(children.get(pid, []))
+            try:
+                status = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            total += next((int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS")), 0)
+        return total
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+        self.log.close()
+
+
+def test_openai_server_takes_the_set_in_vllm_xargs(tiny_model: Path, sets_folder: Path, tmp_path: Path) -> None:
+    server = _Server(tiny_model, _engine_env(sets_folder), tmp_path / "server.log")
+    try:
         for seed in range(6):
-            status, body = _post(
-                url,
-                {
-                    "model": str(tiny_model),
-                    "prompt": f"Pick one {seed}:",
-                    "max_tokens": 40,
-                    "temperature": 1.0,
-                    "seed": seed,
-                    "vllm_xargs": {"triemask_values": VALUES} if seed % 2 else {"triemask_set": "answers"},
-                },
+            status, body = server.complete(
+                {"triemask_values": VALUES} if seed % 2 else {"triemask_set": "answers"},
+                prompt=f"Pick one {seed}:",
+                max_tokens=40,
+                seed=seed,
             )
             assert status == 200, body
             assert body["choices"][0]["text"] in (VALUES if seed % 2 else ANSWERS), body
-        status, body = _post(
-            url, {"model": str(tiny_model), "prompt": "x", "max_tokens": 4, "vllm_xargs": {"triemask_values": "abc"}}
-        )
+        status, body = server.complete({"triemask_values": "abc"}, prompt="x", max_tokens=4)
         assert status == 400 and "triemask_values" in json.dumps(body), body
     finally:
-        server.terminate()
-        server.wait(timeout=60)
-        log.close()
+        server.stop()
+
+
+TOOLS = [
+    f"{service}.{verb}_{thing}"
+    for service in ("slack", "github", "jira")
+    for verb in ("get", "send", "list")
+    for thing in ("user", "message", "issue")
+]
+
+
+def test_chaos_server_stays_up_and_every_request_gets_its_answer(tmp_path: Path) -> None:
+    """Concurrent good and bad requests against one server: malformed arguments, unknown
+    and oversize sets, lone surrogates, values the vocabulary cannot spell, cancelled
+    streams. The server stays up, good constrained requests answer with members, bad ones
+    get a 400 naming the field or end at once, and memory does not grow from one round of
+    the mix to the next."""
+    import random
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = _tiny_model(tmp_path / "model", missing="~")  # no token spells "~"
+    sets = tmp_path / "sets"
+    sets.mkdir()
+    (sets / "answers.txt").write_text("\n".join(ANSWERS) + "\n", encoding="utf-8")
+    (sets / "tools.txt").write_text("\ufeff" + "\r\n".join(TOOLS) + "\r\n", encoding="utf-8")  # BOM, CRLF
+    env = {
+        **_engine_env(sets),
+        "TRIEMASK_MAX_VALUES": "500",
+        "TRIEMASK_MAX_SET_BYTES": "8192",
+        "TRIEMASK_CACHE_BYTES": str(4 << 20),  # a small cache, so compiled sets come and go
+    }
+    server = _Server(model, env, tmp_path / "server.log")
+    good: list[tuple[str, dict | None, list[str] | None]] = [  # type: ignore[type-arg]
+        ("values", {"triemask_values": VALUES}, VALUES),
+        ("answers", {"triemask_set": "answers"}, ANSWERS),
+        ("tools", {"triemask_set": "tools"}, TOOLS),
+        ("free", None, None),
+    ]
+    bad: list[tuple[str, dict, str]] = [  # type: ignore[type-arg]
+        ("string", {"triemask_values": "yes"}, "must be a non-empty list of strings"),
+        ("number", {"triemask_values": ["a", 1]}, "item 1 is int"),
+        ("both", {"triemask_values": ["a"], "triemask_set": "answers"}, "not both"),
+        ("unknown", {"triemask_set": "secret-set"}, "unknown set 'secret-set'"),
+        ("surrogate", {"triemask_values": ["ok", "\ud800"]}, "item 1 is not valid Unicode"),
+        ("too-many", {"triemask_values": [f"v{i}" for i in range(501)]}, "more than the server's limit of 500"),
+        ("too-big", {"triemask_values": ["x" * 1000] * 9}, "limit of 8192 UTF-8 bytes per set"),
+    ]
+
+    def one(case: int) -> str:
+        rng = random.Random(case)
+        kind = rng.choice(["good"] * 5 + ["bad"] * 3 + ["unspellable", "fresh", "cancel"])
+        if kind == "good":
+            name, xargs, members = rng.choice(good)
+            status, body = server.complete(xargs, seed=case)
+            assert status == 200, (name, body)
+            choice = body["choices"][0]
+            if members is not None:
+                assert choice["text"] in members and choice["finish_reason"] == "stop", (name, choice)
+            return name
+        if kind == "fresh":  # a set not seen before: compiled while other requests run
+            values = [*rng.sample(TOOLS, 5), f"new-{case}"]
+            status, body = server.complete({"triemask_values": values}, seed=case)
+            assert status == 200 and body["choices"][0]["text"] in values, body
+            return kind
+        if kind == "bad":
+            name, xargs, message = rng.choice(bad)
+            status, body = server.complete(xargs)
+            assert status == 400 and message in json.dumps(body, ensure_ascii=False), (name, status, body)
+            assert "answers" not in json.dumps(body) and "tools" not in json.dumps(body)  # no other set's name
+            return name
+        if kind == "unspellable":  # admitted (the frontend has no vocabulary), ended at once by the engine
+            status, body = server.complete({"triemask_values": ["yes", f"n~{case}"]})
+            assert status == 200 and body["choices"][0]["text"] == "", body
+            assert body["choices"][0]["finish_reason"] == "stop", body
+            return kind
+        server.cancel_after_first_chunk({"triemask_values": VALUES})
+        return kind
+
+    try:
+        before = server.memory_kib()
+        seen: list[str] = []
+        memory = []
+        for round_ in range(3):
+            with ThreadPoolExecutor(12) as pool:
+                seen.extend(pool.map(one, range(round_ * 60, round_ * 60 + 60)))
+            assert server.healthy()
+            time.sleep(2)  # let cancelled requests drain
+            memory.append(server.memory_kib())
+        assert {"values", "answers", "tools", "free", "fresh", "unspellable", "cancel"} <= set(seen), set(seen)
+        assert len({name for name, _, _ in bad} & set(seen)) >= 5
+        status, body = server.complete({"triemask_set": "answers"})  # still serving
+        assert status == 200 and body["choices"][0]["text"] in ANSWERS
+        log = (tmp_path / "server.log").read_text()
+        assert "2 registered sets (answers, tools; 30 values) compiled in" in log  # at start-up
+        assert "ended (only EOS allowed)" in log and "cannot be spelled" in log
+        assert "Traceback" not in log, log[-3000:]
+        # the first round grows caches and allocator pools; later rounds must not keep growing
+        assert memory[2] - memory[1] < 64 * 1024, (before, memory)
+    finally:
+        server.stop()
 
 
 def test_model_runner_v2_class_against_its_interface(tiny_model: Path) -> None:

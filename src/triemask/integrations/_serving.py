@@ -398,6 +398,7 @@ def compile_registered(sets: CompiledSets) -> None:
     """Compile every set of ``$TRIEMASK_SETS`` now (server start-up), with one summary log
     line; an unreadable folder or a set that does not compile stops the start-up."""
     started = time.perf_counter()
+    Limits.from_env()  # a malformed limit setting stops the start-up, not the first request
     registered = registered_sets()
     total = 0
     for name, values in registered.items():

@@ -6,18 +6,22 @@
 For a batch of states, the allowed ``(row, token)`` pairs are taken from the
 automaton's CSR arrays (no padding: the work follows the allowed tokens of the rows'
 actual states, whatever the widest node of the set), the allowed logits gathered,
-the rows filled with ``-inf`` and the gathered logits scattered back: no CPU bitmask
-and no vocabulary-wide mask. States held on the host (vLLM's V1 runner, SGLang) give
-the pairs with NumPy and upload them; states held on the device (Model Runner V2)
-give them on the device, at the cost of one scalar read (the number of pairs).
-Advancing device states is a binary search over the edges' ``(node, token)`` keys.
+the rows filled with ``-inf`` and the gathered logits scattered back. A state that
+allows more than half of the vocabulary (the root of a set of 150,000 single-token
+values, say) is masked the other way round: its row is left as it is and only its
+disallowed tokens, precomputed per such node, are set to ``-inf``. A row therefore
+costs ``min(allowed, vocab_size - allowed)`` writes. States held on the host (vLLM's
+V1 runner, SGLang) give the pairs with NumPy and upload them; states held on the
+device (Model Runner V2) give them on the device, at the cost of one read of three
+counts. Advancing device states is a binary search over the edges' ``(node, token)`` keys.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from .._automaton import DEAD, TrieAutomaton
 from .._errors import ArgumentTypeError, BitmaskError, StateError
@@ -28,6 +32,38 @@ except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError("triemask.integrations.torch needs torch: pip install torch==2.13.0") from error
 
 __all__ = ["DeviceAutomaton"]
+
+
+class _Plan(NamedTuple):
+    """How to mask a batch of rows (indices are positions in the batch of states)."""
+
+    narrow: Any  # rows filled with -inf, then their allowed pairs written back
+    allowed_rows: Any  # the allowed (row, token) pairs of the narrow rows (EOS for ended rows)
+    allowed_tokens: Any
+    wide: Any  # rows left as they are but for their disallowed tokens
+    banned_rows: Any  # the disallowed (row, token) pairs of the wide rows
+    banned_tokens: Any
+
+
+def _csr_pairs(
+    offsets: npt.NDArray[np.int64], tokens: npt.NDArray[Any], nodes: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Every (position in ``nodes``, token) pair of a CSR table, in one pass."""
+    first = offsets[nodes]
+    counts = offsets[nodes + 1] - first
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if len(nodes) else 0
+    index = np.arange(total) + np.repeat(first + counts - ends, counts)
+    return np.repeat(np.arange(len(nodes), dtype=np.int64), counts), tokens[index].astype(np.int64)
+
+
+def _csr_pairs_on_device(offsets: Any, tokens: Any, nodes: Any, total: int) -> tuple[Any, Any]:
+    """:func:`_csr_pairs` on the device, with the number of pairs known."""
+    first = offsets[nodes]
+    counts = offsets[nodes + 1] - first
+    rows = torch.repeat_interleave(torch.arange(len(nodes), device=nodes.device), counts, output_size=total)
+    starts = torch.repeat_interleave(first - (torch.cumsum(counts, 0) - counts), counts, output_size=total)
+    return rows, tokens[torch.arange(total, device=nodes.device) + starts]
 
 
 class DeviceAutomaton:
@@ -56,69 +92,87 @@ class DeviceAutomaton:
             self.device = torch.device(device) if device is not None else torch.device("cpu")
         except (TypeError, RuntimeError) as error:
             raise ArgumentTypeError(f"device {device!r} is not a torch device: {error}") from None
-        offsets = automaton._edge_offsets  # num_nodes + 2 entries: the last pair is an empty sentinel
+        offsets = automaton._edge_offsets.astype(np.int64)  # num_nodes + 2 entries: the last, an empty sentinel
         tokens = automaton._edge_tokens.astype(np.int64)
         # (node, token) of every edge as one sorted key: CSR order is node, then token ascending
-        sources = np.repeat(np.arange(len(offsets) - 1, dtype=np.int64), np.diff(offsets))
+        counts = np.diff(offsets)
+        sources = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         self._stride = automaton.vocab_size + 1
-        self._offsets = torch.from_numpy(offsets.astype(np.int64)).to(self.device)
+        self._offsets_host, self._tokens_host = offsets, tokens
+        self._offsets = torch.from_numpy(offsets).to(self.device)
         self._tokens = torch.from_numpy(tokens).to(self.device)
         self._dests = torch.from_numpy(automaton._edge_dests.astype(np.int64)).to(self.device)
         self._keys = torch.from_numpy(sources * self._stride + tokens).to(self.device)
         self._eos_host = np.asarray(automaton.eos_token_ids, dtype=np.int64)
         self._eos = torch.from_numpy(self._eos_host).to(self.device)
+        # nodes allowing more than half of the vocabulary: their disallowed tokens, as a CSR
+        # (fewer than their allowed ones, so at most one entry per edge in all)
+        self._wide_host = counts > automaton.vocab_size // 2
+        banned = [
+            np.setdiff1d(np.arange(automaton.vocab_size), tokens[offsets[node] : offsets[node + 1]], assume_unique=True)
+            for node in np.flatnonzero(self._wide_host)
+        ]
+        banned_counts = np.zeros(len(counts), dtype=np.int64)
+        banned_counts[self._wide_host] = [len(b) for b in banned]
+        self._banned_offsets_host = np.concatenate(([0], np.cumsum(banned_counts)))
+        self._banned_host = np.concatenate(banned) if banned else np.zeros(0, dtype=np.int64)
+        self._wide = torch.from_numpy(self._wide_host).to(self.device)
+        self._banned_offsets = torch.from_numpy(self._banned_offsets_host).to(self.device)
+        self._banned = torch.from_numpy(self._banned_host).to(self.device)
 
     @property
     def memory_bytes(self) -> int:
         """Device bytes held by the uploaded arrays."""
-        return sum(t.numel() * t.element_size() for t in (self._offsets, self._tokens, self._dests, self._keys))
+        arrays = (self._offsets, self._tokens, self._dests, self._keys, self._wide, self._banned_offsets, self._banned)
+        return sum(t.numel() * t.element_size() for t in arrays)
 
-    # ------------------------------------------------------------------ pairs
+    # ------------------------------------------------------------------ plans
 
-    def _host_pairs(self, states: Any, ended_allow_eos: bool) -> tuple[Any, Any, Any]:
-        """(row, token) pairs and the rows allowing nothing, from host states."""
+    def _host_plan(self, states: Any, ended_allow_eos: bool) -> _Plan:
         array = np.asarray(states)
         if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
             raise StateError(f"states must be a 1-D sequence of integers, got {_describe(array)}")
-        rows, tokens = self.automaton.allowed_token_pairs(array.astype(np.int64, copy=False))
-        live = (array >= 0) & (array < self.automaton.num_nodes)
-        empty = live & (np.bincount(rows, minlength=len(array)) == 0)  # a value's end without EOS
+        nodes = self.automaton._nodes(array)  # validated; final and DEAD -> the empty sentinel
+        wide_row = self._wide_host[nodes]
+        narrow, wide = np.flatnonzero(~wide_row), np.flatnonzero(wide_row)
+        rows, tokens = _csr_pairs(self._offsets_host, self._tokens_host, nodes[narrow])
+        rows = narrow[rows]
         if ended_allow_eos and len(self._eos_host):
-            ended = np.flatnonzero(~live)
+            ended = np.flatnonzero(nodes == self.automaton.num_nodes)
             rows = np.concatenate([rows, np.repeat(ended, len(self._eos_host))])
-            tokens = np.concatenate([tokens.astype(np.int64), np.tile(self._eos_host, len(ended))])
-        else:
-            empty |= ~live
-        return (
-            torch.from_numpy(rows).to(self.device, non_blocking=True),
-            torch.from_numpy(tokens.astype(np.int64, copy=False)).to(self.device, non_blocking=True),
-            torch.from_numpy(empty).to(self.device, non_blocking=True),
+            tokens = np.concatenate([tokens, np.tile(self._eos_host, len(ended))])
+        banned_rows, banned_tokens = _csr_pairs(self._banned_offsets_host, self._banned_host, nodes[wide])
+        upload = self._upload
+        return _Plan(
+            upload(narrow), upload(rows), upload(tokens), upload(wide), upload(wide[banned_rows]), upload(banned_tokens)
         )
 
-    def _device_pairs(self, states: Any, ended_allow_eos: bool) -> tuple[Any, Any, Any]:
-        """(row, token) pairs and the rows allowing nothing, from device states."""
+    def _device_plan(self, states: Any, ended_allow_eos: bool) -> _Plan:
         nodes, live = self._nodes(states)
-        first = self._offsets[nodes]
-        counts = self._offsets[nodes + 1] - first
-        total = int(counts.sum())  # the one host read: how many pairs there are
-        batch = torch.arange(len(states), device=self.device)
-        rows = torch.repeat_interleave(batch, counts, output_size=total)
-        starts = torch.repeat_interleave(first - (torch.cumsum(counts, 0) - counts), counts, output_size=total)
-        tokens = self._tokens[torch.arange(total, device=self.device) + starts]
-        empty = live & (counts == 0)
+        wide_row = self._wide[nodes]
+        allowed = torch.where(wide_row, 0, self._offsets[nodes + 1] - self._offsets[nodes])
+        banned = self._banned_offsets[nodes + 1] - self._banned_offsets[nodes]
+        total, banned_total, num_wide = torch.stack([allowed.sum(), banned.sum(), wide_row.sum()]).tolist()
+        order = torch.argsort(wide_row.to(torch.int8), stable=True)  # narrow rows first: no second read
+        narrow, wide = order[: len(states) - num_wide], order[len(states) - num_wide :]
+        rows, tokens = _csr_pairs_on_device(self._offsets, self._tokens, nodes[narrow], total)
+        rows = narrow[rows]
         if ended_allow_eos and len(self._eos):
-            eos_rows = batch.repeat_interleave(len(self._eos))
             keep = ~live.repeat_interleave(len(self._eos))
-            rows = torch.cat([rows, eos_rows[keep]])
+            rows = torch.cat(
+                [rows, torch.arange(len(states), device=self.device).repeat_interleave(len(self._eos))[keep]]
+            )
             tokens = torch.cat([tokens, self._eos.repeat(len(states))[keep]])
-        else:
-            empty = empty | ~live
-        return rows, tokens, empty
+        banned_rows, banned_tokens = _csr_pairs_on_device(self._banned_offsets, self._banned, nodes[wide], banned_total)
+        return _Plan(narrow, rows, tokens, wide, wide[banned_rows], banned_tokens)
 
-    def _pairs(self, states: Any, ended_allow_eos: bool) -> tuple[Any, Any, Any]:
+    def _plan(self, states: Any, ended_allow_eos: bool) -> _Plan:
         if isinstance(states, torch.Tensor):
-            return self._device_pairs(states, ended_allow_eos)
-        return self._host_pairs(states, ended_allow_eos)
+            return self._device_plan(states, ended_allow_eos)
+        return self._host_plan(states, ended_allow_eos)
+
+    def _upload(self, array: Any) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(self.device, non_blocking=True)
 
     def _nodes(self, states: Any) -> tuple[Any, Any]:
         """Device states as trie nodes (final / DEAD -> the empty sentinel), and which are live."""
@@ -140,9 +194,11 @@ class DeviceAutomaton:
         width = self.automaton.vocab_size if vocab_size is None else int(vocab_size)
         if width < self.automaton.vocab_size:
             raise BitmaskError(f"vocab_size={width} is smaller than the automaton's {self.automaton.vocab_size}")
-        rows, tokens, _ = self._pairs(states, ended_allow_eos)
+        plan = self._plan(states, ended_allow_eos)
         mask = torch.zeros((len(states), width), dtype=torch.bool, device=self.device)
-        mask[rows, tokens] = True
+        mask[plan.allowed_rows, plan.allowed_tokens] = True
+        mask[plan.wide, : self.automaton.vocab_size] = True
+        mask[plan.banned_rows, plan.banned_tokens] = False
         return mask
 
     def mask_logits(self, logits: Any, states: Any, rows: Any = None, *, ended_allow_eos: bool = True) -> Any:
@@ -151,9 +207,9 @@ class DeviceAutomaton:
         ``states`` is a host sequence / array of ints or a 1-D int64 tensor on this
         automaton's device. ``rows`` (a 1-D int64 tensor, distinct) names the rows of
         ``logits`` that ``states`` belong to; by default row ``i`` has ``states[i]``.
-        Other rows are not touched. The allowed logits are gathered, the rows filled
-        with ``-inf`` and the gathered values scattered back: the work follows the
-        allowed tokens of the given states.
+        Other rows are not touched. The work follows the rows' states: a row costs
+        ``min(allowed, vocab_size - allowed)`` writes, plus a fill of the row when
+        fewer than half of the tokens are allowed.
         """
         count = len(states)
         if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or (rows is None and logits.shape[0] != count):
@@ -166,12 +222,15 @@ class DeviceAutomaton:
             rows = torch.arange(count, device=logits.device)
         elif not isinstance(rows, torch.Tensor) or rows.shape != (count,):
             raise StateError(f"rows must be a tensor of shape ({count},), got {_describe(rows)}")
-        pair_rows, tokens, _ = self._pairs(states, ended_allow_eos)
+        plan = self._plan(states, ended_allow_eos)
         rows = rows.to(logits.device)
-        where = (rows[pair_rows.to(logits.device)], tokens.to(logits.device))
+        where = (rows[plan.allowed_rows.to(logits.device)], plan.allowed_tokens.to(logits.device))
         kept = logits[where]
-        logits.index_fill_(0, rows, float("-inf"))  # rows allowing nothing stay -inf
+        logits.index_fill_(0, rows[plan.narrow.to(logits.device)], float("-inf"))  # nothing allowed stays -inf
         logits[where] = kept
+        logits[rows[plan.banned_rows.to(logits.device)], plan.banned_tokens.to(logits.device)] = float("-inf")
+        if logits.shape[1] > self.automaton.vocab_size:  # padding columns of wide rows
+            logits[rows[plan.wide.to(logits.device)], self.automaton.vocab_size :] = float("-inf")
         return logits
 
     def next_states(self, states: Any, token_ids: Any) -> Any:
