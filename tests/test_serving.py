@@ -97,6 +97,9 @@ def test_limits_come_from_the_environment_and_are_checked() -> None:
     for bad in ("ten", "0", "-3"):
         with pytest.raises(ValueError, match="TRIEMASK_MAX_SET_BYTES"):
             Limits.from_env({"TRIEMASK_MAX_SET_BYTES": bad})
+    # the finding: 600,000 long values once reached the engine, stalled it and broke the key limit
+    with pytest.raises(RequestError, match="holds 600000 values, more than the server's limit of 100000"):
+        requested_values({"triemask_values": ["x" * 40] * 600_000}, Limits())
     # at the default limits the 64-bit edge keys hold any set for vocabularies up to 2**20 ids
     limits = Limits()
     nodes = limits.max_set_bytes + 1

@@ -333,7 +333,10 @@ def test_chaos_server_stays_up_and_every_request_gets_its_answer(tmp_path: Path)
         assert "2 registered sets (answers, tools; 30 values) compiled in" in log  # at start-up
         assert "ended (only EOS allowed)" in log and "cannot be spelled" in log
         assert "Traceback" not in log, log[-3000:]
-        # the first round grows caches and allocator pools; later rounds must not keep growing
+        # The first round grows caches and allocator pools; later rounds must not keep growing.
+        # vLLM's CPU engine alone drifts by 9-17 MB a round with unconstrained requests only
+        # (measured: seven rounds, 2026-12-01); the mix here stays within that drift.
+        print(f"server memory, KiB: at start {before}, after each round of 60 requests {memory}")
         assert memory[2] - memory[1] < 64 * 1024, (before, memory)
     finally:
         server.stop()

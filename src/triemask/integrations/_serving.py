@@ -335,12 +335,16 @@ class CompiledSets:
             digest.update(encoded)
         return digest.hexdigest()
 
+    # What an entry holds besides its arrays (Python and tensor objects, allocator slack):
+    # measured at about 20 KiB per set in resident memory, 7x the arrays of a small set.
+    ENTRY_OVERHEAD = 24 << 10
+
     def _compile(self, values: Sequence[str]) -> CompiledSet:
         from .torch import DeviceAutomaton
 
         automaton = self.compiler.compile(values)
         on_device = DeviceAutomaton(automaton, self.device)
-        return CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes)
+        return CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes + self.ENTRY_OVERHEAD)
 
     def get(self, values: Sequence[str]) -> CompiledSet:
         """The compiled set; raises :class:`SetCompileError` (with the reason) for a set
@@ -493,6 +497,13 @@ class Row:
         self.state = self.compiled.automaton.initial_state
         self.consumed = len(self.output_ids)
 
+    @classmethod
+    def ended(cls, sets: CompiledSets, output_ids: Sequence[int]) -> Row:
+        """The row of a request that failed: EOS only, from its next token on."""
+        row = cls(sets.ended(), output_ids)
+        row.end(sets)
+        return row
+
 
 def constrained_row(sets: CompiledSets, extra_args: Any, output_ids: Sequence[int], request: str = "") -> Row | None:
     """The row of a request (None when it asks for no set); never raises.
@@ -507,9 +518,7 @@ def constrained_row(sets: CompiledSets, extra_args: Any, output_ids: Sequence[in
         return Row(sets.get(values), output_ids)
     except Exception as error:
         logger.error("triemask: request %s ended (only EOS allowed): %s", request or "?", error)
-        row = Row(sets.ended(), output_ids)
-        row.end(sets)
-        return row
+        return Row.ended(sets, output_ids)
 
 
 def catch_up_rows(sets: CompiledSets, rows: Mapping[Any, Row]) -> None:

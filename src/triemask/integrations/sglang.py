@@ -39,7 +39,7 @@ from ._serving import (
     Limits,
     Row,
     catch_up_rows,
-    constrained_row,
+    compile_registered,
     hf_vocabulary,
     literal_alternatives,
     mask_rows,
@@ -70,11 +70,18 @@ _MAX_ROWS = 1 << 16
 
 
 def _sets_for(req: Any, device: Any) -> CompiledSets:
+    """The compiled sets of the request's tokenizer; the first request of a tokenizer
+    compiles the registered sets (SGLang gives a custom processor no start-up hook)."""
     key = (id(req.tokenizer), int(req.vocab_size), str(device))
     with _LOCK:
         if key not in _SETS:
             vocab = hf_vocabulary(req.tokenizer, int(req.vocab_size), getattr(req, "eos_token_ids", None))
-            _SETS[key] = CompiledSets(Compiler(vocab), device)
+            sets = CompiledSets(Compiler(vocab), device)
+            try:
+                compile_registered(sets)
+            except ValueError as error:  # a request naming the broken set fails on its own
+                logger.error("triemask: %s", error)
+            _SETS[key] = sets
         return _SETS[key]
 
 
@@ -98,7 +105,7 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
                     continue
             row, sets = known
             row.output_ids = req.output_ids
-            catch_up_rows(sets, {getattr(req, "rid", index): row})
+            catch_up_rows(sets, {req.rid: row})
             rows[index] = row
         return mask_rows(logits, rows) if rows else logits
 
@@ -111,17 +118,14 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
         except Exception as error:
             _abort(req, f"triemask: the request's tokenizer cannot be used: {error}")
             return None
-        extra = {k: v for k, v in params.items() if k != "__req__"}
         try:
-            requested_values(extra)
-        except ValueError as error:
+            values = requested_values({k: v for k, v in params.items() if k != "__req__"})
+            if values is None:
+                return None  # the keys are there, but empty: no constraint
+            row = Row(sets.get(values), req.output_ids)
+        except Exception as error:
             _abort(req, f"triemask: {error}")
-            row = Row(sets.ended(), req.output_ids)
-            row.end(sets)
-        else:
-            row = constrained_row(sets, extra, req.output_ids, str(getattr(req, "rid", "?")))  # type: ignore[assignment]
-            if row.compiled is sets.ended():
-                _abort(req, "triemask: the request's set cannot be compiled for this model (see the server log)")
+            row = Row.ended(sets, req.output_ids)
         with _LOCK:
             _ROWS[req.rid] = (row, sets)
             while len(_ROWS) > _MAX_ROWS:

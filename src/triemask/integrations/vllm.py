@@ -26,6 +26,7 @@ without a triemask request are left untouched. See docs/serving.md.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from ._serving import BatchRows, SlotStates, compile_registered, compiled_sets_for_model, requested_values
@@ -50,8 +51,20 @@ except ImportError:  # pragma: no cover - older vLLM
 __all__ = ["TriemaskLogitsProcessor", "TriemaskLogitsProcessorV2"]
 
 
+def _log_through_vllm() -> None:
+    """vLLM configures only its own ``vllm`` logger: send triemask's lines (the start-up
+    summary, requests ended for a failing set) through the same handlers."""
+    ours, theirs = logging.getLogger("triemask"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
 def _sets(vllm_config: Any, device: Any) -> Any:
     """The model's compiled-set cache, with the registered sets compiled (engine start-up)."""
+    _log_through_vllm()
     model = vllm_config.model_config
     sets = compiled_sets_for_model(
         model.tokenizer,
