@@ -290,6 +290,21 @@ def test_a_set_that_fails_to_compile_ends_its_request_alone(caplog) -> None:  # 
     assert sorted(torch.isfinite(out[1]).nonzero().flatten().tolist()) == [ord("n") - 1, ord("y") - 1]  # id = byte - 1
 
 
+def test_a_set_at_the_edge_key_limit_ends_only_its_request(caplog, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With 2**31 - 1 logits, 31 bits of each edge key go to the token: about 2**16 trie
+    nodes reach the 64-bit limit (the finding: a large set raised out of the engine step)."""
+    monkeypatch.setenv("TRIEMASK_MAX_SET_BYTES", str(1 << 30))
+    vocab = Vocabulary([bytes([b]) for b in range(256)] + [None], eos_token_ids=256, vocab_size=2**31 - 1)
+    sets = CompiledSets(Compiler(vocab), torch.device("cpu"))
+    rng = np.random.default_rng(0)
+    large = ["".join(chr(c) for c in rng.integers(97, 123, 10)) for _ in range(10_000)]
+    rows = BatchRows(sets)
+    added = [(0, params(triemask_values=large), [], []), (1, params(triemask_values=OTHER), [], [])]
+    rows.update(SimpleNamespace(removed=[], added=added, moved=[]))
+    assert "64-bit edge keys" in caplog.text and rows.rows[0].compiled is sets.ended()
+    assert rows.rows[1].compiled is sets.get(OTHER)
+
+
 def test_a_compile_that_raises_anything_ends_only_that_request(sets: CompiledSets, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     def explode(values):  # type: ignore[no-untyped-def]
         if "boom" in values:

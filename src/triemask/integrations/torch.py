@@ -98,7 +98,6 @@ class DeviceAutomaton:
         counts = np.diff(offsets)
         sources = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         self._stride = automaton.vocab_size + 1
-        self._offsets_host, self._tokens_host = offsets, tokens
         self._offsets = torch.from_numpy(offsets).to(self.device)
         self._tokens = torch.from_numpy(tokens).to(self.device)
         self._dests = torch.from_numpy(automaton._edge_dests.astype(np.int64)).to(self.device)
@@ -132,15 +131,20 @@ class DeviceAutomaton:
         array = np.asarray(states)
         if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
             raise StateError(f"states must be a 1-D sequence of integers, got {_describe(array)}")
-        nodes = self.automaton._nodes(array)  # validated; final and DEAD -> the empty sentinel
+        num_nodes, num_states = self.automaton.num_nodes, self.automaton.num_states
+        if array.size and (int(array.min()) < DEAD or int(array.max()) >= num_states):
+            bad = array[(array < DEAD) | (array >= num_states)][0]
+            raise StateError(f"state {int(bad)} is not a state of this automaton (DEAD or 0 <= state < {num_states})")
+        array = array.astype(np.int64, copy=False)
+        nodes = np.where((array >= 0) & (array < num_nodes), array, num_nodes)  # final, DEAD: the empty sentinel
         wide_row = self._wide_host[nodes]
         narrow, wide = np.flatnonzero(~wide_row), np.flatnonzero(wide_row)
-        rows, tokens = _csr_pairs(self._offsets_host, self._tokens_host, nodes[narrow])
+        rows, tokens = self.automaton.allowed_token_pairs(array[narrow])
         rows = narrow[rows]
         if ended_allow_eos and len(self._eos_host):
-            ended = np.flatnonzero(nodes == self.automaton.num_nodes)
+            ended = np.flatnonzero(nodes == num_nodes)
             rows = np.concatenate([rows, np.repeat(ended, len(self._eos_host))])
-            tokens = np.concatenate([tokens, np.tile(self._eos_host, len(ended))])
+            tokens = np.concatenate([tokens.astype(np.int64), np.tile(self._eos_host, len(ended))])
         banned_rows, banned_tokens = _csr_pairs(self._banned_offsets_host, self._banned_host, nodes[wide])
         upload = self._upload
         return _Plan(
