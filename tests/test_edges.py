@@ -3,6 +3,8 @@ never a silent wrap, truncation or a bare error from deep inside."""
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from triemask import (
     Vocabulary,
     VocabularyError,
     allocate_token_bitmask,
+    bitmask_width,
 )
 from triemask._automaton import _ROW_BY_ROW
 
@@ -100,7 +103,7 @@ def test_constructors_and_indices_raise_triemask_errors(automaton) -> None:  # t
     with pytest.raises(ArgumentTypeError, match="Matcher needs a TrieAutomaton"):
         Matcher(42)  # type: ignore[arg-type]
     for rollback in (-1, 1.5):
-        with pytest.raises(StateError, match="max_rollback must be an integer >= 0"):
+        with pytest.raises(StateError, match=r"max_rollback must be an integer in \[0, 2\*\*31\)"):
             Matcher(automaton, max_rollback=rollback)  # type: ignore[arg-type]
     with pytest.raises(ValueIndexError, match=r"value index 3 is outside \[0, 3\)"):
         automaton.value(3)
@@ -109,3 +112,60 @@ def test_constructors_and_indices_raise_triemask_errors(automaton) -> None:  # t
     for error in (ArgumentTypeError, ValueIndexError):
         assert issubclass(error, TriemaskError)
     assert issubclass(ArgumentTypeError, TypeError) and issubclass(ValueIndexError, IndexError)
+
+
+_HOSTILE = [None, "x", 1.5, True, -5, 2**70, [1], [[0]], np.array([[0]]), b"\x00", object(), {"a": 1}, np.float64(1)]
+
+
+def _public_calls() -> dict[str, object]:
+    vocab = Vocabulary([b"a", b"b", b"ab", None], eos_token_ids=3)
+    compiler = Compiler(vocab)
+    automaton = compiler.compile(["ab", "b"])
+    matcher = Matcher(automaton)
+    bitmask = allocate_token_bitmask(2, 4)
+    return {
+        "Vocabulary(token_bytes)": lambda x: Vocabulary(x, eos_token_ids=3),
+        "Vocabulary(eos_token_ids)": lambda x: Vocabulary([b"a", None], eos_token_ids=x),
+        "Vocabulary(vocab_size)": lambda x: Vocabulary([b"a", None], eos_token_ids=1, vocab_size=x),
+        "token_bytes": vocab.token_bytes,
+        "decode": vocab.decode,
+        "compile": compiler.compile,
+        "next_state(state)": lambda x: automaton.next_state(x, 0),
+        "next_state(token)": lambda x: automaton.next_state(0, x),
+        "next_states(states)": lambda x: automaton.next_states(x, [0]),
+        "next_states(tokens)": lambda x: automaton.next_states([0], x),
+        "allowed_token_ids": automaton.allowed_token_ids,
+        "allowed_token_pairs": automaton.allowed_token_pairs,
+        "is_accepting": automaton.is_accepting,
+        "is_final": automaton.is_final,
+        "value_of": automaton.value_of,
+        "value": automaton.value,
+        "fill_bitmask(bitmask)": lambda x: automaton.fill_bitmask(x, [0]),
+        "fill_bitmask(states)": lambda x: automaton.fill_bitmask(bitmask, x),
+        "fill_bitmask(rows)": lambda x: automaton.fill_bitmask(bitmask, [0], rows=x),
+        "Matcher": Matcher,
+        "Matcher(max_rollback)": lambda x: Matcher(automaton, max_rollback=x),
+        "accept_tokens": lambda x: matcher.copy().accept_tokens(x),
+        "rollback": lambda x: matcher.copy().rollback(x),
+        "fill_next_token_bitmask(bitmask)": matcher.fill_next_token_bitmask,
+        "fill_next_token_bitmask(row)": lambda x: matcher.fill_next_token_bitmask(bitmask, x),
+        "allocate_token_bitmask(batch_size)": lambda x: allocate_token_bitmask(x, 4),
+        "allocate_token_bitmask(vocab_size)": lambda x: allocate_token_bitmask(1, x),
+        "bitmask_width": bitmask_width,
+        "Compiler": Compiler,
+        "from_gguf": Vocabulary.from_gguf,
+        "from_sentencepiece": Vocabulary.from_sentencepiece,
+        "from_tiktoken": Vocabulary.from_tiktoken,
+        "from_huggingface": Vocabulary.from_huggingface,
+        "from_mistral": Vocabulary.from_mistral,
+    }
+
+
+@pytest.mark.parametrize("call", sorted(_public_calls()))
+def test_hostile_arguments_get_triemask_errors_only(call: str) -> None:
+    """Every public entry point, every kind of wrong argument: a TriemaskError (or a
+    plain result), never an error from deep inside numpy or the standard library."""
+    function = _public_calls()[call]
+    for argument in _HOSTILE:
+        with contextlib.suppress(TriemaskError):
+            function(argument)  # type: ignore[operator]

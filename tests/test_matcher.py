@@ -74,6 +74,6 @@ def test_constructor_checks() -> None:
     with pytest.raises(TypeError, match="needs a TrieAutomaton"):
         Matcher(object())  # type: ignore[arg-type]
     automaton = Compiler(byte_vocabulary()).compile(["a"])
-    with pytest.raises(ValueError, match="max_rollback must be an integer >= 0"):
+    with pytest.raises(ValueError, match=r"max_rollback must be an integer in \[0, 2\*\*31\)"):
         Matcher(automaton, max_rollback=-1)
     assert np.array_equal(Matcher(automaton).allowed_token_ids(), automaton.allowed_token_ids(0))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import operator
 from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
@@ -11,7 +10,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
-from ._errors import StateError, ValueIndexError
+from ._errors import StateError, ValueIndexError, integer
 
 __all__ = ["DEAD", "TrieAutomaton"]
 
@@ -23,14 +22,15 @@ _IntArray = npt.NDArray[np.integer[Any]]
 
 def _state_index(state: Any, what: str = "states") -> int:
     """``state`` as an int; floats, bools and other non-integers are rejected, not truncated."""
-    if type(state) is int:  # the common case; bool is a subclass of int and fails this test
-        return state
-    if not isinstance(state, (bool, np.bool_)):
-        try:
-            return operator.index(state)
-        except TypeError:
-            pass
-    raise StateError(f"{what} must be integers, got {type(state).__name__} {state!r}")
+    return state if type(state) is int else integer(state, what)
+
+
+def _count(states: Any) -> int:
+    """How many states a batch holds; a batch that is no sequence is a StateError."""
+    try:
+        return len(states)
+    except TypeError:
+        raise StateError(f"states must be a sequence of integers, got {type(states).__name__} {states!r:.40}") from None
 
 
 _ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
@@ -377,6 +377,7 @@ class TrieAutomaton:
         """
         if (  # one request per call, the per-step path: as_bitmask_array's checks, inlined
             rows is None
+            and type(states) in (list, tuple)
             and len(states) == 1
             and type(bitmask) is np.ndarray
             and bitmask.dtype is _INT32
@@ -399,7 +400,7 @@ class TrieAutomaton:
                     self._node(state)
                 return
         array = as_bitmask_array(bitmask, self._vocab_size)
-        if len(states) <= _ROW_BY_ROW:  # a few rows: numpy call overhead dominates
+        if _count(states) <= _ROW_BY_ROW:  # a few rows: numpy call overhead dominates
             self._fill_rows(array, states, rows)
             return
         nodes = self._nodes(states)
@@ -438,7 +439,9 @@ class TrieAutomaton:
         count = len(states)
         if count > array.shape[0]:
             raise StateError(f"{count} states but the bitmask has only {array.shape[0]} rows")
-        values = [_state_index(state) for state in (states.tolist() if isinstance(states, np.ndarray) else states)]
+        values = [
+            _state_index(state) for state in (states.tolist() if isinstance(states, np.ndarray) else list(states))
+        ]
         for state in values:  # validate before writing, as the vectorised path does
             if not 0 <= state < self._num_nodes:
                 self._node(state)  # raises for ids that are no state

@@ -11,7 +11,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import ArgumentTypeError, BitmaskError
+from ._errors import ArgumentTypeError, BitmaskError, integer
 
 __all__ = ["allocate_token_bitmask", "as_bitmask_array", "bitmask_width"]
 
@@ -20,7 +20,7 @@ _INT32 = np.dtype(np.int32)
 
 def bitmask_width(vocab_size: int) -> int:
     """Number of ``int32`` words per bitmask row: ``ceil(vocab_size / 32)``."""
-    return (int(vocab_size) + 31) // 32
+    return (integer(vocab_size, "vocab_size", ArgumentTypeError, "an integer") + 31) // 32
 
 
 def allocate_token_bitmask(batch_size: int, vocab_size: int) -> npt.NDArray[np.int32]:
@@ -34,11 +34,12 @@ def allocate_token_bitmask(batch_size: int, vocab_size: int) -> npt.NDArray[np.i
     >>> allocate_token_bitmask(2, 100).shape
     (2, 4)
     """
-    for name, value in (("batch_size", batch_size), ("vocab_size", vocab_size)):
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-            raise ArgumentTypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
-    if batch_size < 0 or vocab_size <= 0:
-        raise BitmaskError(f"need batch_size >= 0 and vocab_size > 0, got {batch_size} and {vocab_size}")
+    batch_size = integer(batch_size, "batch_size", ArgumentTypeError, "an integer")
+    vocab_size = integer(vocab_size, "vocab_size", ArgumentTypeError, "an integer")
+    if not 0 <= batch_size < 1 << 31 or not 0 < vocab_size <= 1 << 31:
+        raise BitmaskError(
+            f"need 0 <= batch_size < 2**31 and 0 < vocab_size <= 2**31, got {batch_size} and {vocab_size}"
+        )
     return np.full((int(batch_size), bitmask_width(vocab_size)), -1, dtype=np.int32)
 
 

@@ -151,6 +151,8 @@ def _encode_values(
 ) -> tuple[list[Any], list[bytes], npt.NDArray[np.uint8], npt.NDArray[np.int64], bool]:
     """The values as UTF-8: a list of bytes, and one buffer plus offsets, without
     a Python loop over the values when they hold no NUL character."""
+    if not isinstance(values, Iterable):
+        raise ValueSetError(f"values must be an iterable of strings, got {type(values).__name__} {values!r:.40}")
     if isinstance(values, (str, bytes, bytearray)):
         raise ValueSetError(
             f"values must be an iterable of strings, got a single {type(values).__name__} {values[:40]!r}; "

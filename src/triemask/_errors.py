@@ -20,6 +20,9 @@ returns :data:`triemask.DEAD` and ``Matcher.accept_token`` returns ``False``.
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 __all__ = [
     "ArgumentTypeError",
     "BitmaskError",
@@ -76,3 +79,16 @@ class ArgumentTypeError(TriemaskError, TypeError):
 
 class ValueIndexError(TriemaskError, IndexError):
     """A value index outside ``[0, num_values)`` (``TrieAutomaton.value``)."""
+
+
+def integer(value: Any, what: str, error: type[TriemaskError] = StateError, expected: str = "integers") -> int:
+    """``value`` as an ``int``; bools, floats and other non-integers raise ``error``
+    naming ``what`` (numpy integers are integers; nothing is truncated)."""
+    if type(value) is int:  # the common case; bool is a subclass of int and fails this test
+        return value
+    if not isinstance(value, bool) and type(value).__name__ != "bool_":
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise error(f"{what} must be {expected}, got {type(value).__name__} {value!r:.40}")

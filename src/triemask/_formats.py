@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ._errors import VocabularyError
+from ._errors import ArgumentTypeError, VocabularyError
 
 SPIECE_SPACE = "\u2581"  # "▁", SentencePiece's stand-in for a space
 _BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>\Z")
@@ -228,6 +228,8 @@ def read_gguf_tokenizer(path: str | Path) -> dict[str, Any]:
     allocated; a malformed file raises :class:`VocabularyError` naming the offset and
     the field. String arrays come back as ``list[bytes]``, numeric arrays as numpy arrays.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError(f"a GGUF file is named by a path (str or os.PathLike), got {type(path).__name__}")
     path = Path(path)
     name = repr(str(path))
     try:

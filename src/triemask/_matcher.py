@@ -46,8 +46,8 @@ class Matcher:
     def __init__(self, automaton: TrieAutomaton, *, max_rollback: int = 16) -> None:
         if not isinstance(automaton, TrieAutomaton):
             raise ArgumentTypeError(f"Matcher needs a TrieAutomaton, got {type(automaton).__qualname__}")
-        if type(max_rollback) is not int or max_rollback < 0:
-            raise StateError(f"max_rollback must be an integer >= 0, got {max_rollback!r}")
+        if type(max_rollback) is not int or not 0 <= max_rollback < 1 << 31:
+            raise StateError(f"max_rollback must be an integer in [0, 2**31), got {max_rollback!r:.40}")
         self._automaton = automaton
         self._state = automaton.initial_state
         self._history: deque[int] = deque(maxlen=max_rollback)
@@ -83,6 +83,8 @@ class Matcher:
     def accept_tokens(self, token_ids: Iterable[int]) -> int:
         """Accept tokens in order until one is rejected; returns how many were accepted."""
         accepted = 0
+        if not isinstance(token_ids, Iterable):
+            raise ArgumentTypeError(f"token_ids must be an iterable of integers, got {type(token_ids).__name__}")
         for token_id in token_ids:
             if not self.accept_token(token_id):
                 break

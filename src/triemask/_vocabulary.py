@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._errors import VocabularyError
+from ._errors import ArgumentTypeError, VocabularyError, integer
 from ._formats import (
     SPIECE_SPACE,
     TYPE_BYTE,
@@ -79,15 +79,20 @@ class Vocabulary:
         eos_token_ids: int | Iterable[int] | None,
         vocab_size: int | None = None,
     ) -> None:
+        table: object = token_bytes  # checked as given: callers pass anything
+        if not isinstance(table, Sequence) or isinstance(table, (str, bytes, bytearray)):
+            raise ArgumentTypeError(
+                f"token_bytes must be a sequence of bytes or None (one per token id), got {type(token_bytes).__name__}"
+            )
         n = len(token_bytes)
         lengths = np.empty(n, dtype=np.int32)
         pieces: list[bytes] = []
         for i, b in enumerate(token_bytes):
+            if b is not None and not isinstance(b, (bytes, bytearray, memoryview)):
+                raise VocabularyError(f"token_bytes[{i}] must be bytes or None, got {type(b).__name__} {b!r:.40}")
             if b is None or len(b) == 0:
                 lengths[i] = -1
                 continue
-            if not isinstance(b, (bytes, bytearray, memoryview)):
-                raise VocabularyError(f"token_bytes[{i}] must be bytes or None, got {type(b).__name__} {b!r}")
             b = bytes(b)
             lengths[i] = len(b)
             pieces.append(b)
@@ -152,6 +157,7 @@ class Vocabulary:
 
     def token_bytes(self, token_id: int) -> bytes | None:
         """The bytes token ``token_id`` emits, or ``None`` if it emits no text."""
+        token_id = integer(token_id, "token ids", VocabularyError)
         if not 0 <= token_id < self._vocab_size:
             raise VocabularyError(f"token id {token_id} is outside [0, vocab_size={self._vocab_size})")
         if token_id >= len(self._lengths) or self._lengths[token_id] < 0:
@@ -165,7 +171,9 @@ class Vocabulary:
 
     def decode(self, token_ids: Iterable[int]) -> bytes:
         """Concatenate the bytes of ``token_ids``; ids without text contribute nothing."""
-        return b"".join(self.token_bytes(int(t)) or b"" for t in token_ids)
+        if not isinstance(token_ids, Iterable):
+            raise ArgumentTypeError(f"token_ids must be an iterable of integers, got {type(token_ids).__name__}")
+        return b"".join(self.token_bytes(t) or b"" for t in token_ids)
 
     def stats(self) -> dict[str, Any]:
         """Counts that describe the table."""
