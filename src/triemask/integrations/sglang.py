@@ -153,7 +153,7 @@ class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
         self.matcher = Matcher(automaton)
 
     def accept_token(self, token: int) -> None:
-        if not self.matcher.accept_token(int(token)):
+        if not self.matcher.accept_token(int(token)):  # SGLang aborts the request on ValueError, as for xgrammar's
             raise ValueError(f"triemask: token {token} is not allowed here")
 
     def rollback(self, k: int) -> None:

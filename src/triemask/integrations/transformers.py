@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from .._automaton import DEAD, TrieAutomaton
 from .._compile import Compiler
+from .._errors import ArgumentTypeError, BitmaskError, StateError, VocabularyError
 from .._vocabulary import Vocabulary
 
 try:
@@ -81,9 +82,9 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
 
     def __init__(self, automaton: TrieAutomaton, *, prompt_length: int | None = None) -> None:
         if not isinstance(automaton, TrieAutomaton):
-            raise TypeError(f"TrieLogitsProcessor needs a TrieAutomaton, got {type(automaton).__qualname__}")
+            raise ArgumentTypeError(f"TrieLogitsProcessor needs a TrieAutomaton, got {type(automaton).__qualname__}")
         if not automaton.eos_token_ids:
-            raise ValueError("the automaton's vocabulary has no EOS token ids: generation could never stop")
+            raise VocabularyError("the automaton's vocabulary has no EOS token ids: generation could never stop")
         self.automaton = automaton
         self._fixed_start = prompt_length
         self._start = prompt_length if prompt_length is not None else -1
@@ -102,7 +103,7 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         if self._fixed_start is None and (previous is None or not _extends(ids, previous)):
             self._start, self._generated, self._states = length, None, None  # a new generation
         if not 0 <= self._start <= length:
-            raise ValueError(f"prompt_length={self._start} is outside input_ids of length {length}")
+            raise StateError(f"prompt_length={self._start} is outside input_ids of length {length}")
         generated = ids[:, self._start :]
         previous, states = self._generated, self._states
         if (
@@ -134,13 +135,13 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         started = time.perf_counter()
         batch, width = int(scores.shape[0]), int(scores.shape[-1])
         if self.automaton.vocab_size > width:
-            raise ValueError(
+            raise BitmaskError(
                 f"the automaton has vocab_size={self.automaton.vocab_size} but the logits have only {width} "
                 "columns: build the Vocabulary with the model's vocab_size"
             )
         states = self.states(input_ids)
         if len(states) != batch:
-            raise ValueError(f"input_ids has {len(states)} rows but scores has {batch}")
+            raise BitmaskError(f"input_ids has {len(states)} rows but scores has {batch}")
         # gather and scatter over the allowed (row, token) pairs: no vocabulary-wide pass but the fill
         rows, tokens = self.automaton.allowed_token_pairs(states)
         ended = np.flatnonzero(self._ended(states))
@@ -195,7 +196,7 @@ def choose(
         One member of ``values`` per prompt, in order.
     """
     if isinstance(prompts, str):
-        raise TypeError("prompts must be a list of strings; wrap a single prompt in a list")
+        raise ArgumentTypeError("prompts must be a list of strings; wrap a single prompt in a list")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     allowed = list(values)
