@@ -79,10 +79,13 @@ def test_bool_rows_and_tokens_are_refused(automaton) -> None:  # type: ignore[no
         automaton.fill_bitmask(bitmask, [0] * 30, rows=np.ones(30, dtype=bool))
     matcher = Matcher(automaton)
     assert matcher.accept_token(True) is False and matcher.state == 0  # a bool is no token id
-    with pytest.raises(StateError, match="row True is outside"):
+    with pytest.raises(StateError, match="row must be an integer, got bool True"):
         matcher.fill_next_token_bitmask(bitmask, row=True)  # type: ignore[arg-type]
-    with pytest.raises(StateError, match="cannot roll back True"):
+    with pytest.raises(StateError, match="num_tokens must be an integer, got bool True"):
         matcher.rollback(True)  # type: ignore[arg-type]
+    matcher.fill_next_token_bitmask(bitmask, row=np.int64(1))  # numpy integers are integers
+    assert matcher.accept_token(np.int64(ord("g"))) and (matcher.rollback(np.int32(1)) is None)
+    assert Matcher(automaton, max_rollback=np.int64(3)).copy() is not None
 
 
 def test_buffers_and_sizes(automaton) -> None:  # type: ignore[no-untyped-def]

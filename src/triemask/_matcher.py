@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from ._automaton import DEAD, TrieAutomaton
 from ._bitmask import as_bitmask_array
-from ._errors import ArgumentTypeError, StateError
+from ._errors import ArgumentTypeError, StateError, integer
 
 __all__ = ["Matcher"]
 
@@ -46,8 +46,9 @@ class Matcher:
     def __init__(self, automaton: TrieAutomaton, *, max_rollback: int = 16) -> None:
         if not isinstance(automaton, TrieAutomaton):
             raise ArgumentTypeError(f"Matcher needs a TrieAutomaton, got {type(automaton).__qualname__}")
-        if type(max_rollback) is not int or not 0 <= max_rollback < 1 << 31:
-            raise StateError(f"max_rollback must be an integer in [0, 2**31), got {max_rollback!r:.40}")
+        max_rollback = integer(max_rollback, "max_rollback", StateError, "an integer in [0, 2**31)")
+        if not 0 <= max_rollback < 1 << 31:
+            raise StateError(f"max_rollback must be an integer in [0, 2**31), got {max_rollback}")
         self._automaton = automaton
         self._state = automaton.initial_state
         self._history: deque[int] = deque(maxlen=max_rollback)
@@ -93,7 +94,8 @@ class Matcher:
 
     def rollback(self, num_tokens: int = 1) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""
-        if type(num_tokens) is not int or num_tokens < 0 or num_tokens > len(self._history):
+        num_tokens = integer(num_tokens, "num_tokens", StateError, "an integer")
+        if num_tokens < 0 or num_tokens > len(self._history):
             raise StateError(
                 f"cannot roll back {num_tokens} tokens: {len(self._history)} can be undone "
                 f"(max_rollback={self._history.maxlen})"
@@ -132,8 +134,9 @@ class Matcher:
         ``(batch, ceil(vocab_size / 32))`` (or one row of it).
         """
         array = as_bitmask_array(bitmask, self._automaton.vocab_size)
-        if type(row) is not int or not 0 <= row < array.shape[0]:
-            raise StateError(f"row {row!r} is outside the bitmask's {array.shape[0]} rows (an integer is due)")
+        row = integer(row, "row", StateError, "an integer")
+        if not 0 <= row < array.shape[0]:
+            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
         self._automaton._fill_row(array[row], self._state)
 
     def __repr__(self) -> str:
