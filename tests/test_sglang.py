@@ -173,6 +173,20 @@ def test_a_bad_request_is_aborted_alone_inside_the_forward_pass(
     assert caplog.text.count(reason) == 1
 
 
+def test_odd_custom_params_and_grammars_never_raise(sglang, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    tokenizer = byte_level_tokenizer()
+    logits = torch.zeros(3, 300)
+    out = sglang.adapter.TriemaskLogitProcessor()(logits, [["triemask_values"], "triemask_set", None])
+    assert torch.isfinite(out).all()  # not mappings: not triemask requests
+    backend = sglang.adapter.TriemaskGrammarBackend(tokenizer, 300, {tokenizer.eos_token_id})  # type: ignore[attr-defined]
+
+    def chokes(kind: str, text: str) -> None:
+        raise RecursionError("too deep")
+
+    monkeypatch.setattr(sglang.adapter, "literal_alternatives", chokes)
+    assert backend.dispatch_regex("(" * 10_000) is _INVALID_GRAMMAR
+
+
 def test_grammar_backend_compiles_alternations_and_hands_on_the_rest(sglang) -> None:  # type: ignore[no-untyped-def]
     tokenizer = byte_level_tokenizer()
     eos = tokenizer.eos_token_id  # type: ignore[attr-defined]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from typing import Any
 
 from .._automaton import TrieAutomaton
@@ -92,7 +93,7 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
     def __call__(self, logits: Any, custom_param_list: list[dict[str, Any] | None] | None = None) -> Any:
         rows: dict[int, Row] = {}
         for index, params in enumerate(custom_param_list or []):
-            if not params or not any(key in params for key in ("triemask_values", "triemask_set")):
+            if not isinstance(params, Mapping) or not any(key in params for key in ("triemask_values", "triemask_set")):
                 continue
             req: Any = params.get("__req__")
             if req is None:  # SGLang always passes the request; without it there is no state to follow
@@ -110,7 +111,7 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
         return mask_rows(logits, rows) if rows else logits
 
     @staticmethod
-    def _admit(req: Any, params: dict[str, Any], device: Any) -> tuple[Row, CompiledSets] | None:
+    def _admit(req: Any, params: Mapping[str, Any], device: Any) -> tuple[Row, CompiledSets] | None:
         """The row of a request seen for the first time; a request that fails is aborted
         (finished with the reason) and given an EOS-only row. Never raises."""
         try:
@@ -215,7 +216,11 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
         return self._fallback
 
     def _dispatch(self, kind: str, text: str) -> Any:
-        values = literal_alternatives(kind, text)
+        try:
+            values = literal_alternatives(kind, text)
+        except Exception as error:
+            logger.error("triemask: invalid %s grammar: %s", kind, error)
+            return _INVALID_GRAMMAR
         if values is None:
             return getattr(self._other(), f"dispatch_{kind}")(text)
         try:

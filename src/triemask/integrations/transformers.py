@@ -41,12 +41,10 @@ __all__ = ["DEFAULT_MODEL", "TrieLogitsProcessor", "choose", "compiler_for", "lo
 
 
 def _extends(ids: npt.NDArray[np.int64], previous: npt.NDArray[np.int64]) -> bool:
-    """Whether every row of ``ids`` is a row of ``previous`` plus one token (rows may
-    be reordered or repeated between calls, as beam search does)."""
+    """Whether every row of ``ids`` is some row of ``previous`` plus one token (rows
+    reordered or repeated between calls, as beam search does)."""
     if ids.shape[0] != previous.shape[0] or ids.shape[1] != previous.shape[1] + 1:
         return False
-    if np.array_equal(ids[:, :-1], previous):
-        return True
     rows = {row.tobytes() for row in previous}
     return all(row.tobytes() in rows for row in ids[:, :-1])
 
@@ -89,8 +87,7 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         self._fixed_start = prompt_length
         self._start = prompt_length if prompt_length is not None else -1
         self._previous: npt.NDArray[np.int64] | None = None  # the previous call's input_ids
-        self._generated: npt.NDArray[np.int64] | None = None  # previous call's generated tokens
-        self._states: npt.NDArray[np.int64] | None = None  # and the states they lead to
+        self._states: npt.NDArray[np.int64] | None = None  # the states the previous call's rows reached
         self._eos = np.asarray(automaton.eos_token_ids, dtype=np.int64)
         self.steps = 0
         self.mask_seconds = 0.0
@@ -99,25 +96,27 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         """The automaton state of every row of ``input_ids`` (batch, sequence length)."""
         length = int(input_ids.shape[1])
         ids = input_ids.detach().cpu().numpy().astype(np.int64, copy=False)
-        previous, self._previous = self._previous, ids.copy()
-        if self._fixed_start is None and (previous is None or not _extends(ids, previous)):
-            self._start, self._generated, self._states = length, None, None  # a new generation
+        previous, states = self._previous, self._states
+        self._previous = ids.copy()
+        # the previous call's rows, in the same order, each one token longer: one step on
+        in_order = (
+            previous is not None
+            and states is not None
+            and previous.shape == (ids.shape[0], length - 1)
+            and np.array_equal(ids[:, :-1], previous)
+        )
+        if not in_order and self._fixed_start is None and (previous is None or not _extends(ids, previous)):
+            self._start = length  # a new generation (not merely rows reordered by beam search)
         if not 0 <= self._start <= length:
             raise StateError(f"prompt_length={self._start} is outside input_ids of length {length}")
         generated = ids[:, self._start :]
-        previous, states = self._generated, self._states
-        if (
-            previous is not None
-            and states is not None
-            and previous.shape == (generated.shape[0], generated.shape[1] - 1)
-            and np.array_equal(generated[:, :-1], previous)
-        ):
-            states = self._advance(states, generated[:, -1])  # the rows kept their order: one step
-        else:  # first call, or rows reordered (beam search): walk every row from the start
+        if in_order and states is not None and generated.shape[1]:
+            states = self._advance(states, generated[:, -1])
+        else:  # a new generation, or rows reordered: walk every row from the start
             states = np.full(generated.shape[0], self.automaton.initial_state, dtype=np.int64)
             for column in generated.T:
                 states = self._advance(states, column)
-        self._generated, self._states = generated, states
+        self._states = states
         return states
 
     def _ended(self, states: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
