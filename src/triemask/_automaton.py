@@ -258,10 +258,8 @@ class TrieAutomaton:
 
     def next_state(self, state: int, token_id: int) -> int:
         """The state after ``token_id``; :data:`DEAD` when the token is not allowed."""
-        if type(token_id) is not int:
-            token_id = _state_index(token_id, "token ids")
-        if type(state) is not int:
-            state = _state_index(state)
+        if type(state) is not int or type(token_id) is not int:  # one test on the per-step path
+            state, token_id = _state_index(state), _state_index(token_id, "token ids")
         if not 0 <= state < self._num_nodes:
             self._node(state)  # raises for ids that are no state; final and DEAD allow nothing
             return DEAD
@@ -382,8 +380,8 @@ class TrieAutomaton:
             and type(bitmask) is np.ndarray
             and bitmask.dtype is _INT32
             and bitmask.ndim == 2
-            and bitmask.shape[1] == self._width
-            and bitmask.shape[0] >= 1
+            and (shape := bitmask.shape)[1] == self._width
+            and shape[0] >= 1
         ):
             flags = bitmask.flags
             if flags.c_contiguous and flags.writeable:  # _fill_row, inlined: this path is per token
