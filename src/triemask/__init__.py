@@ -3,7 +3,9 @@
 Build a :class:`Vocabulary` for the model, a :class:`Compiler` for the vocabulary
 (once), and compile each set of allowed strings into a :class:`TrieAutomaton`.
 The automaton gives, for any state, the allowed tokens as a precomputed lookup;
-a :class:`Matcher` follows one sequence through it.
+a :class:`Matcher` follows one sequence through it. JSON schemas and tool lists
+with large enum fields compile to a :class:`CompiledSchema` (enums in tries, the
+structure in xgrammar, the optional ``schema`` extra), followed the same way.
 
 >>> from triemask import Compiler, Matcher, Vocabulary
 >>> vocab = Vocabulary([b"get", b"_", b"user", b"g", b"et", None], eos_token_ids=5)
@@ -20,6 +22,7 @@ from ._errors import (
     ArgumentTypeError,
     BitmaskError,
     IncompatibleValueError,
+    SchemaError,
     StateError,
     TriemaskError,
     ValueIndexError,
@@ -27,6 +30,8 @@ from ._errors import (
     VocabularyError,
 )
 from ._matcher import Matcher
+from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
+from ._tools import CompiledTools
 from ._vocabulary import Vocabulary
 
 __version__ = "0.1.0"
@@ -43,11 +48,16 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "DEAD",
+    "DEFAULT_MIN_ENUM_VALUES",
     "ArgumentTypeError",
     "BitmaskError",
+    "CompiledSchema",
+    "CompiledTools",
     "Compiler",
     "IncompatibleValueError",
     "Matcher",
+    "SchemaError",
+    "SchemaMatcher",
     "StateError",
     "TrieAutomaton",
     "TriemaskError",
@@ -58,4 +68,5 @@ __all__ = [
     "__version__",
     "allocate_token_bitmask",
     "bitmask_width",
+    "fill_next_token_bitmasks",
 ]

@@ -205,6 +205,12 @@ class TrieAutomaton:
         return self._eos_token_ids if self._eos else ()
 
     @property
+    def accepting_nodes(self) -> npt.NDArray[np.int32]:
+        """The trie nodes where a value is complete, ascending (read-only); the value
+        of ``accepting_nodes[i]`` is not in general ``value(i)``: use :meth:`value_of`."""
+        return np.unique(self._terminal_nodes).astype(np.int32)
+
+    @property
     def memory_bytes(self) -> int:
         """Bytes held by this automaton's arrays (the shared token index excluded)."""
         return sum(a.nbytes for a in self._arrays())

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -32,6 +32,10 @@ from ._errors import ArgumentTypeError, IncompatibleValueError, ValueSetError
 from ._token_index import TokenIndex
 from ._trie import ByteTrie, build_trie
 from ._vocabulary import Vocabulary
+
+if TYPE_CHECKING:
+    from ._mixed import CompiledSchema
+    from ._tools import CompiledTools
 
 __all__ = ["Compiler"]
 
@@ -96,6 +100,104 @@ class Compiler:
         IncompatibleValueError
             No sequence of the vocabulary's text tokens spells some value.
         """
+        return self._compile(values, eos=eos)[0]
+
+    def compile_json_schema(
+        self,
+        schema: Any,
+        *,
+        any_whitespace: bool = True,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        strict_mode: bool = True,
+        min_enum_values: int | None = None,
+    ) -> CompiledSchema:
+        """Compile a JSON schema: enum fields to tries, the structure to xgrammar.
+
+        Parameters
+        ----------
+        schema : dict, str or pydantic model class
+            The JSON schema (never modified).
+        any_whitespace, indent, separators, strict_mode
+            As in xgrammar's ``GrammarCompiler.compile_json_schema``: the language
+            is exactly the one xgrammar compiles from ``schema`` with these options.
+        min_enum_values : int, optional
+            Enums (and ``anyOf`` / ``oneOf`` of consts) with at least this many
+            distinct values go to a trie; smaller ones stay in xgrammar. Default
+            :data:`triemask.DEFAULT_MIN_ENUM_VALUES`.
+
+        Raises
+        ------
+        SchemaError
+            The schema is not JSON, has an empty enum, a value no token can spell,
+            or something xgrammar rejects; ``.path`` names the field.
+        ImportError
+            xgrammar is not installed (``pip install 'triemask[schema]'``).
+        """
+        from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema
+
+        return CompiledSchema(
+            self,
+            schema,
+            any_whitespace=any_whitespace,
+            indent=indent,
+            separators=separators,
+            strict_mode=strict_mode,
+            min_enum_values=DEFAULT_MIN_ENUM_VALUES if min_enum_values is None else min_enum_values,
+        )
+
+    def compile_tools(
+        self,
+        tools: Any,
+        *,
+        any_whitespace: bool = True,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        strict_mode: bool = True,
+        min_enum_values: int | None = None,
+        cache_bytes: int | None = None,
+    ) -> CompiledTools:
+        """Compile a tool list: the output is ``{"name": <a tool>, "arguments": <its parameters>}``.
+
+        The language is that of ``{"anyOf": [{"type": "object", "properties": {"name":
+        {"const": name_i}, "arguments": parameters_i}, "required": ["name", "arguments"]},
+        ...]}`` compiled with the same options, but nothing per tool is compiled up front:
+        the name is a trie, and a tool's arguments are compiled when it is chosen.
+
+        Parameters
+        ----------
+        tools : list of dict
+            OpenAI-style function specs: ``{"name", "description", "parameters"}`` or
+            ``{"type": "function", "function": {...}}``.
+        any_whitespace, indent, separators, strict_mode, min_enum_values
+            As in :meth:`compile_json_schema`, for every tool's arguments.
+        cache_bytes : int, optional
+            Bound on the compiled argument schemas kept (default 256 MiB).
+
+        Raises
+        ------
+        SchemaError
+            An empty list, a spec without a name, a name given twice (``.path`` names
+            it, e.g. ``$[3].function.name``); a tool's bad parameters when that tool
+            is first compiled.
+        """
+        from ._mixed import DEFAULT_MIN_ENUM_VALUES
+        from ._tools import DEFAULT_TOOL_CACHE_BYTES, CompiledTools
+
+        return CompiledTools(
+            self,
+            tools,
+            any_whitespace=any_whitespace,
+            indent=indent,
+            separators=separators,
+            strict_mode=strict_mode,
+            min_enum_values=DEFAULT_MIN_ENUM_VALUES if min_enum_values is None else min_enum_values,
+            cache_bytes=DEFAULT_TOOL_CACHE_BYTES if cache_bytes is None else cache_bytes,
+        )
+
+    def _compile(
+        self, values: Iterable[str] | Iterable[bytes], *, eos: bool, pseudo: TokenIndex | None = None
+    ) -> tuple[TrieAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]] | None]:
         started = time.perf_counter()
         if eos and not self._vocab.eos_token_ids:
             raise ValueSetError(
@@ -114,7 +216,11 @@ class Compiler:
             tokens, dests, offsets = _prune_and_check(trie, self._index, tokens, dests, offsets, are_str)
         words, bits, mask_offsets = _masks(tokens, offsets)
         terminal_order = np.argsort(trie.terminal, kind="stable").astype(np.int32)
-        return TrieAutomaton(
+        pseudo_edges = None
+        if pseudo is not None:
+            pseudo_keys = _EdgeKeys(n, n, pseudo.vocab.vocab_size)
+            pseudo_edges = pseudo_keys.csr(_match(trie, pseudo, pseudo_keys), n)
+        automaton = TrieAutomaton(
             edge_offsets=offsets,
             edge_tokens=tokens,
             edge_dests=dests,
@@ -134,6 +240,7 @@ class Compiler:
             eos=eos,
             compile_seconds=time.perf_counter() - started,
         )
+        return automaton, pseudo_edges
 
     def _every_byte_is_a_token(self, trie: ByteTrie) -> bool:
         """True when each byte the values use is itself a token: then every node is
@@ -141,6 +248,20 @@ class Compiler:
         used = np.zeros(256, dtype=bool)
         used[trie.byte[1:]] = True
         return not bool((used & ~self._index.byte_is_token).any())
+
+
+def compile_with_pseudo_tokens(
+    compiler: Compiler, values: list[bytes], pseudo: TokenIndex
+) -> tuple[TrieAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]]:
+    """Compile ``values`` (``eos=False``) and match a second token table against the
+    same trie: the CSR ``(tokens, dests, offsets)`` of its edges, by node id.
+
+    The mixed-schema compiler matches pieces of tokens (the part before a value's
+    end, the part after a value's start) this way, with the same linear pass.
+    """
+    automaton, edges = compiler._compile(values, eos=False, pseudo=pseudo)
+    assert edges is not None
+    return automaton, edges
 
 
 # --------------------------------------------------------------------------- values

@@ -8,6 +8,8 @@ also from the built-in class a caller would naturally catch (``ValueError``,
     ├── VocabularyError (ValueError)       a token table, EOS id, vocab_size or tokenizer file is unusable
     ├── ValueSetError (ValueError)         the set of values to compile is unusable
     │   └── IncompatibleValueError         a value no sequence of text tokens can spell
+    ├── SchemaError (ValueError)           a JSON schema or tool list that cannot be compiled; .path names
+    │                                      the field ("$.properties.name.enum[3]")
     ├── StateError (ValueError)            a state id that no automaton state has (also a bool or
     │                                      float where a state, row or token id is due)
     ├── BitmaskError (ValueError)          a bitmask or logits buffer of the wrong shape, dtype or device
@@ -27,6 +29,7 @@ __all__ = [
     "ArgumentTypeError",
     "BitmaskError",
     "IncompatibleValueError",
+    "SchemaError",
     "StateError",
     "TriemaskError",
     "ValueIndexError",
@@ -62,6 +65,21 @@ class IncompatibleValueError(ValueSetError):
         super().__init__(message)
         self.value = value
         self.offset = offset
+
+
+class SchemaError(TriemaskError, ValueError):
+    """A JSON schema or tool list that cannot be compiled.
+
+    Attributes
+    ----------
+    path : str
+        Where in the schema (or tool list) the problem is, in JSONPath style:
+        ``$.properties.name.enum[3]``, ``$[2].function.name``.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class StateError(TriemaskError, ValueError):

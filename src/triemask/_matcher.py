@@ -12,6 +12,7 @@ import numpy.typing as npt
 from ._automaton import DEAD, TrieAutomaton
 from ._bitmask import as_bitmask_array
 from ._errors import ArgumentTypeError, StateError, integer
+from ._mixed import CompiledSchema, SchemaMatcher
 
 __all__ = ["Matcher"]
 
@@ -23,10 +24,14 @@ class Matcher:
     to create and to :meth:`copy` (for beam search or speculative decoding); the
     automaton is shared, never copied.
 
+    ``Matcher(compiled_schema)`` with a :class:`~triemask.CompiledSchema` (a JSON
+    schema or a tool list) returns a :class:`~triemask.SchemaMatcher`, which has the
+    same methods and reads the finished output as parsed JSON (``.value``).
+
     Parameters
     ----------
-    automaton : TrieAutomaton
-        The compiled set.
+    automaton : TrieAutomaton or CompiledSchema
+        The compiled set (or schema).
     max_rollback : int
         How many accepted tokens :meth:`rollback` can undo.
 
@@ -42,6 +47,12 @@ class Matcher:
     """
 
     __slots__ = ("_automaton", "_history", "_state")
+
+    def __new__(cls, automaton: TrieAutomaton, *, max_rollback: int = 16) -> Matcher:
+        if cls is Matcher and isinstance(automaton, CompiledSchema):
+            # a compiled JSON schema or tool list: the same interface, another state
+            return SchemaMatcher(automaton, max_rollback=max_rollback)  # type: ignore[return-value]
+        return super().__new__(cls)
 
     def __init__(self, automaton: TrieAutomaton, *, max_rollback: int = 16) -> None:
         if not isinstance(automaton, TrieAutomaton):
@@ -110,7 +121,7 @@ class Matcher:
 
     def copy(self) -> Matcher:
         """An independent matcher in the same state, sharing the automaton."""
-        clone = Matcher.__new__(Matcher)
+        clone = Matcher.__new__(Matcher, self._automaton)
         clone._automaton = self._automaton
         clone._state = self._state
         clone._history = self._history.copy()

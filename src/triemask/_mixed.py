@@ -1,0 +1,872 @@
+"""Mixed schemas: enum fields in tries, the JSON structure in xgrammar.
+
+Design (docs/design.md, "Mixed schemas"). Each enum site of the schema is replaced
+by a const placeholder; xgrammar builds the structural grammar, which is printed
+as EBNF, and the placeholder's literal is swapped for a *sentinel*: ``0x01``
+followed by control bytes naming the site. JSON text never contains raw control
+bytes, so the sentinel stands exactly where the enum's value goes and nowhere else.
+
+A decoding state is a small set of *configurations*, usually one:
+
+* ``STRUCT``: an xgrammar matcher in the structural grammar;
+* ``ENUM(k, node)``: a node of trie ``k``, and the xgrammar matcher just past
+  sentinel ``k`` (it does not move while the value is spelled, and is where the
+  structure resumes when the value ends).
+
+Matchers are never modified once in a configuration (every step forks; probes
+roll back), so configurations, rollback history and copies share them freely.
+
+A token may span structure and enum bytes (``": "get``, ``_user",``, ``"a", "b``).
+It is cut at the places a value can start (a byte a value of the site starts with,
+after structural bytes ending in ``:``, ``,``, ``[`` or whitespace) and end (a value's
+last byte followed by ``,``, ``}``, ``]`` or whitespace). The pieces (the part after
+a start, the part before an end, the part between) are matched against each trie
+at compile time, by the same linear pass as whole tokens, so at run time:
+
+* the mask of ``STRUCT`` is xgrammar's, plus the tokens entering an enum after a
+  structural prefix ``p``. xgrammar's vocabulary carries one extra token ``p + 0x01``
+  per such prefix, so the same mask fill says which prefixes an enum can follow;
+  those are confirmed per site with ``accept_string(p + sentinel)``;
+* the mask of ``ENUM`` is the trie's, plus the tokens that complete the value and go
+  on (checked with the structural grammar after the sentinel);
+* when a configuration is ambiguous (a union of an enum and a free string), every
+  reading is kept, so the masks are those of the whole schema's language.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from bisect import bisect_left
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._automaton import DEAD, TrieAutomaton
+from ._bitmask import as_bitmask_array, bitmask_width
+from ._compile import compile_with_pseudo_tokens
+from ._errors import ArgumentTypeError, IncompatibleValueError, SchemaError, StateError, integer
+from ._schema import dispatch, json_texts, load_schema, placeholder_literal
+from ._token_index import TokenIndex
+from ._vocabulary import Vocabulary
+
+if TYPE_CHECKING:
+    from ._compile import Compiler
+
+__all__ = ["DEFAULT_MIN_ENUM_VALUES", "CompiledSchema", "SchemaMatcher", "fill_next_token_bitmasks"]
+
+DEFAULT_MIN_ENUM_VALUES = 32
+"""Enums with at least this many values go to a trie (benchmarks/schemas.py measures the
+crossover: below it xgrammar compiles the alternation in about the time triemask needs)."""
+
+_FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
+_VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
+_BEFORE_VALUE = re.compile(rb"(?:.*[:,\[])?[ \t\n\r]*\Z", re.S)  # structure a value can follow
+_SENTINEL_DIGITS = bytes(range(0x10, 0x20))
+_STRUCT = -1
+
+
+def _sentinel(k: int, width: int) -> bytes:
+    return b"\x01" + bytes(_SENTINEL_DIGITS[(k >> (4 * i)) & 15] for i in reversed(range(width)))
+
+
+def _ebnf_literal(data: bytes) -> str:
+    return '"' + "".join(f"\\x{c:02x}" for c in data) + '"'
+
+
+def _starts(token: bytes, first: bytes) -> list[int]:
+    """Offsets in ``token`` where a value starting with one of ``first`` may begin."""
+    return [j for j, c in enumerate(token) if c in first and (j == 0 or _BEFORE_VALUE.match(token, 0, j))]
+
+
+def _ends(token: bytes, last: bytes) -> list[int]:
+    """Offsets ``i`` in ``token`` where a value ending with one of ``last`` may stop."""
+    return [i for i in range(1, len(token)) if token[i] in _FOLLOW and token[i - 1] in last]
+
+
+# --------------------------------------------------------------------------- per vocabulary
+
+
+class _Pieces:
+    """Pieces of tokens around value boundaries, indexed for matching against tries.
+
+    Three kinds, per token: a *tail* (from a possible value start to the token's end),
+    a *head* (from the token's start to a possible value end) and a *middle* (a whole
+    value inside the token, from a start to an end). Heads are kept per piece with
+    what follows them in the token (the *rest*), since every trie node a head ends a
+    value from shares them.
+    """
+
+    def __init__(self, support: _VocabularySupport, first: bytes, last: bytes) -> None:
+        ids: dict[bytes, int] = {}
+        self.enters: list[tuple[int, int, int, int]] = []  # (piece, token, start, end): tails and middles
+        heads: list[tuple[int, int, int]] = []  # (piece, token, end)
+        for t, data in enumerate(support.tokens):
+            if not data or 1 in data:  # tokens holding 0x01 are never allowed (see _VocabularySupport)
+                continue
+            starts = _starts(data, first)
+            ends = _ends(data, last)
+            for j in starts:
+                self.enters.append((ids.setdefault(data[j:], len(ids)), t, j, len(data)))
+                self.enters.extend((ids.setdefault(data[j:i], len(ids)), t, j, i) for i in ends if i > j)
+            heads.extend((ids.setdefault(data[:i], len(ids)), t, i) for i in ends)
+        self.pieces: list[bytes] = list(ids)
+        heads.sort()
+        table = np.array(heads, dtype=np.int64).reshape(-1, 3)
+        self.head_offsets = np.searchsorted(table[:, 0], np.arange(len(ids) + 1)).astype(np.int64)
+        self.head_tokens = table[:, 1].copy()
+        self.head_tokens_view = self.head_tokens.data
+        self.head_ends = table[:, 2].astype(np.int32)
+        rests = [support.tokens[t][e:] for t, e in zip(table[:, 1].tolist(), table[:, 2].tolist(), strict=True)]
+        self.head_rest_tokens = np.array([support.token_ids.get(r, -1) for r in rests], dtype=np.int64)
+        # a rest that is no single token, or may enter a value again, is checked by a probe
+        self.head_probe = np.array([bool(_starts(r, _VALUE_FIRST)) for r in rests], dtype=bool)
+        self.head_probe |= self.head_rest_tokens < 0
+        self.index = TokenIndex(Vocabulary(self.pieces or [b"\x00"], eos_token_ids=None))
+
+
+class _VocabularySupport:
+    """What every mixed schema of one vocabulary shares: xgrammar's tokenizer info
+    (the real tokens, then one ``p + 0x01`` token per structural prefix ``p``) and
+    the token pieces."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        import xgrammar
+
+        self.vocab = vocab
+        self.tokens: list[bytes | None] = [vocab.token_bytes(i) for i in range(len(vocab))]
+        self.width = bitmask_width(vocab.vocab_size)
+        prefixes = sorted({data[:j] for data in self.tokens if data for j in _starts(data, _VALUE_FIRST)})
+        self.prefixes = prefixes
+        self.prefix_ids = {p: i for i, p in enumerate(prefixes)}
+        # Real tokens holding 0x01 could match a sentinel's first byte: JSON text never
+        # contains one, so they are never allowed.
+        controls = np.array([t for t, data in enumerate(self.tokens) if data and 1 in data], dtype=np.int64)
+        self.control_words = np.unique(controls >> 5)
+        clear = np.full(self.width, -1, dtype=np.int32)
+        np.bitwise_and.at(
+            clear.view(np.uint32), controls >> 5, ~np.left_shift(np.uint32(1), (controls & 31).astype(np.uint32))
+        )
+        self.control_clear = clear[self.control_words]
+        self.control_tokens = frozenset(controls.tolist())
+        # The extra tokens go in the model's padding ids when they fit (then xgrammar
+        # fills the caller's row directly), else after the word-aligned real ids.
+        self.inline = vocab.vocab_size - len(self.tokens) >= len(prefixes)
+        self.first_pseudo = len(self.tokens) if self.inline else 32 * self.width
+        encoded = [data or b"" for data in self.tokens]
+        encoded += [b""] * (self.first_pseudo - len(encoded))
+        encoded += [p + b"\x01" for p in prefixes]
+        if self.inline:
+            encoded += [b""] * (vocab.vocab_size - len(encoded))
+        self.xgr_width = bitmask_width(len(encoded))
+        self.pseudo_words = (self.first_pseudo >> 5, (self.first_pseudo + len(prefixes) + 31) >> 5)
+        keep = np.zeros(32 * (self.pseudo_words[1] - self.pseudo_words[0]), dtype=bool)
+        keep[: self.first_pseudo - 32 * self.pseudo_words[0]] = True
+        self.pseudo_keep = np.packbits(keep, bitorder="little").view(np.int32)
+        self.token_ids: dict[bytes, int] = {}
+        for t, data in enumerate(self.tokens):
+            if data:
+                self.token_ids.setdefault(data, t)
+        self.info = xgrammar.TokenizerInfo(
+            encoded, xgrammar.VocabType.RAW, vocab_size=len(encoded), stop_token_ids=list(vocab.eos_token_ids)
+        )
+        self.grammar_compiler = xgrammar.GrammarCompiler(self.info, cache_enabled=False)
+        self._pieces: OrderedDict[tuple[bytes, bytes], _Pieces] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def pieces(self, first: bytes, last: bytes) -> _Pieces:
+        key = (first, last)
+        with self._lock:
+            if key in self._pieces:
+                self._pieces.move_to_end(key)
+                return self._pieces[key]
+        built = _Pieces(self, first, last)
+        with self._lock:
+            self._pieces[key] = built
+            while len(self._pieces) > 8:  # a handful of byte-set combinations in practice
+                self._pieces.popitem(last=False)
+        return built
+
+
+_SUPPORT: dict[str, _VocabularySupport] = {}
+_SUPPORT_LOCK = threading.Lock()
+
+
+def _support(vocab: Vocabulary) -> _VocabularySupport:
+    with _SUPPORT_LOCK:
+        found = _SUPPORT.get(vocab.fingerprint)
+    if found is None:
+        found = _VocabularySupport(vocab)
+        with _SUPPORT_LOCK:
+            _SUPPORT[vocab.fingerprint] = found
+            while len(_SUPPORT) > 4:
+                del _SUPPORT[next(iter(_SUPPORT))]
+    return found
+
+
+def _require_xgrammar() -> None:
+    try:
+        import xgrammar  # noqa: F401
+    except ImportError:
+        raise ImportError(
+            "JSON schemas need xgrammar for their structure: pip install 'triemask[schema]' "
+            "(install torch==2.13.0 first on CPU-only machines)"
+        ) from None
+    from importlib.metadata import version
+
+    found = version("xgrammar")
+    if tuple(int(x) for x in re.findall(r"\d+", found)[:3]) < (0, 2, 1):  # earlier ones over-accept alternations
+        raise ImportError(f"triemask needs xgrammar >= 0.2.1 (pip install -U xgrammar), found {found}")
+
+
+# --------------------------------------------------------------------------- enum fields
+
+
+@dataclass(frozen=True)
+class _Field:
+    """One trie of a mixed schema and the tables that connect it to the structure."""
+
+    paths: tuple[str, ...]
+    automaton: TrieAutomaton
+    values: tuple[Any, ...]
+    texts: tuple[bytes, ...]
+    sentinel: bytes
+    first: bytes
+    last: bytes
+    pieces: _Pieces
+    accepting: npt.NDArray[np.bool_]  # by node
+    leaves: npt.NDArray[np.bool_]  # accepting nodes nothing extends: the value is over
+    tails: dict[bytes, int]  # piece after a value start -> trie node it reaches from the root
+    middles: dict[bytes, int]  # a whole value's text piece -> its accepting node
+    enter_tokens: dict[int, list[tuple[int, int]]]  # token -> (start, node) of its tails
+    middle_tokens: dict[int, list[tuple[int, int, int]]]  # token -> (start, end, node) of whole values
+    enter_masks: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]  # prefix id -> words, bits
+    middle_by_prefix: dict[int, list[tuple[int, int, int, int]]]  # prefix id -> (token, start, end, node)
+    # (node, head piece, accepting node): from `node`, the head piece ends a value; sorted by node
+    exit_nodes: npt.NDArray[np.int32]
+    exit_pieces: npt.NDArray[np.int32]
+    exit_values: npt.NDArray[np.int32]
+    compile_seconds: float
+
+    @property
+    def exit_nodes_view(self) -> memoryview:
+        return self.exit_nodes.data
+
+
+def _compile_field(
+    compiler: Compiler, support: _VocabularySupport, site_paths: tuple[str, ...], values: tuple[Any, ...], k: int
+) -> _Field:
+    started = time.perf_counter()
+    path = site_paths[0]
+    texts = json_texts(values, path)
+    first = bytes(sorted({t[0] for t in texts}))
+    last = bytes(sorted({t[-1] for t in texts}))
+    pieces = support.pieces(first, last)
+    try:
+        automaton, (piece_ids, dests, offsets) = compile_with_pseudo_tokens(compiler, texts, pieces.index)
+    except IncompatibleValueError as exc:
+        index = texts.index(exc.value) if isinstance(exc.value, bytes) and exc.value in texts else 0
+        raise SchemaError(
+            f"{path}[{index}] {values[index]!r:.60} cannot be spelled with this vocabulary's tokens: {exc}",
+            path=f"{path}[{index}]",
+        ) from None
+    accepting_nodes = automaton.accepting_nodes
+    n = automaton.num_nodes
+    accepting = np.zeros(n + 1, dtype=bool)
+    accepting[accepting_nodes] = True
+    # a value is a leaf unless another value extends it (sorted: then the next one does)
+    ordered = sorted(texts)
+    extended = {a for a, b in pairwise(ordered) if b.startswith(a)}
+    leaves = accepting.copy()
+    if extended:
+        for node in accepting_nodes.tolist():
+            if automaton.allowed_token_ids(node).size:
+                leaves[node] = False
+    tails: dict[bytes, int] = {}
+    middles: dict[bytes, int] = {}
+    enter_tokens: dict[int, list[tuple[int, int]]] = {}
+    middle_tokens: dict[int, list[tuple[int, int, int]]] = {}
+    enter_lists: dict[int, list[int]] = {}
+    middle_by_prefix: dict[int, list[tuple[int, int, int, int]]] = {}
+    from_root = dict(
+        zip(piece_ids[offsets[0] : offsets[1]].tolist(), dests[offsets[0] : offsets[1]].tolist(), strict=True)
+    )
+    for pid, token, start, end in pieces.enters:
+        node = from_root.get(pid)
+        if node is None:
+            continue
+        data = support.tokens[token]
+        assert data is not None
+        prefix = support.prefix_ids[data[:start]]
+        if end == len(data):  # a tail
+            tails[pieces.pieces[pid]] = node
+            enter_tokens.setdefault(token, []).append((start, node))
+            enter_lists.setdefault(prefix, []).append(token)
+        if end < len(data) and accepting[node]:  # a whole value, then more
+            middles[pieces.pieces[pid]] = node
+            middle_tokens.setdefault(token, []).append((start, end, node))
+            middle_by_prefix.setdefault(prefix, []).append((token, start, end, node))
+    enter_masks = {}
+    for prefix, tokens in enter_lists.items():
+        ids = np.unique(np.asarray(tokens, dtype=np.int64))
+        words, inverse = np.unique(ids >> 5, return_inverse=True)
+        bits = np.zeros(len(words), dtype=np.uint32)
+        np.bitwise_or.at(bits, inverse, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        enter_masks[prefix] = (words, bits.view(np.int32))
+    # heads that end a value, from any node
+    sources = np.repeat(np.arange(n, dtype=np.int32), np.diff(offsets[: n + 1]))
+    ends_value = accepting[dests[: len(sources)]]
+    has_heads = np.diff(pieces.head_offsets)[piece_ids[: len(sources)]] > 0
+    keep = ends_value & has_heads
+    return _Field(
+        paths=site_paths,
+        automaton=automaton,
+        values=values,
+        texts=tuple(texts),
+        sentinel=b"",  # set by the schema, which numbers the fields
+        first=first,
+        last=last,
+        accepting=accepting,
+        leaves=leaves,
+        pieces=pieces,
+        tails=tails,
+        middles=middles,
+        enter_tokens=enter_tokens,
+        middle_tokens=middle_tokens,
+        enter_masks=enter_masks,
+        middle_by_prefix=middle_by_prefix,
+        exit_nodes=sources[keep],
+        exit_pieces=piece_ids[: len(sources)][keep].astype(np.int32),
+        exit_values=dests[: len(sources)][keep].astype(np.int32),
+        compile_seconds=time.perf_counter() - started,
+    )
+
+
+# --------------------------------------------------------------------------- compiled schema
+
+# A configuration: (schema, xgrammar matcher, field or _STRUCT, trie node, the output before
+# the value, a cache shared by the configurations of one value (None in STRUCT)).
+_Config = tuple["CompiledSchema", Any, int, int, bytes, Any]
+
+
+class CompiledSchema:
+    """A JSON schema compiled for one vocabulary: enum fields as tries, the rest in xgrammar.
+
+    Immutable and shareable across threads and requests; follow one output with
+    ``triemask.Matcher(compiled_schema)``. Built by :meth:`Compiler.compile_json_schema`
+    and :meth:`Compiler.compile_tools`.
+    """
+
+    def __init__(
+        self,
+        compiler: Compiler,
+        schema: Any,
+        *,
+        any_whitespace: bool = True,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        strict_mode: bool = True,
+        min_enum_values: int = DEFAULT_MIN_ENUM_VALUES,
+    ) -> None:
+        _require_xgrammar()
+        import xgrammar
+
+        started = time.perf_counter()
+        min_enum_values = integer(min_enum_values, "min_enum_values", SchemaError, "a positive integer")
+        if min_enum_values < 1:
+            raise SchemaError(f"min_enum_values must be at least 1, got {min_enum_values}", path="$")
+        self._options: dict[str, Any] = {
+            "any_whitespace": any_whitespace,
+            "indent": indent,
+            "separators": separators,
+            "strict_mode": strict_mode,
+        }
+        self._schema = load_schema(schema)
+        structural, sites = dispatch(json.loads(json.dumps(self._schema)), min_enum_values)
+        self._vocab = compiler.vocab
+        support = _support(self._vocab)
+        self._support = support
+        try:
+            grammar = xgrammar.Grammar.from_json_schema(json.dumps(structural), **self._options)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
+        ebnf = str(grammar)
+        # one trie per distinct value set, one sentinel per trie
+        by_values: dict[tuple[bytes, ...], int] = {}
+        fields: list[_Field] = []
+        width = max(1, (len(sites).bit_length() + 3) // 4)
+        for site in sites:
+            key = tuple(json.dumps(v, sort_keys=True).encode() + type(v).__name__[:1].encode() for v in site.values)
+            k = by_values.get(key)
+            if k is None:
+                k = by_values[key] = len(fields)
+                built = _compile_field(compiler, support, (site.path,), site.values, k)
+                fields.append(_replace_field(built, sentinel=_sentinel(k, width)))
+            else:
+                fields[k] = _replace_field(fields[k], paths=(*fields[k].paths, site.path))
+            ebnf = ebnf.replace(placeholder_literal(site.placeholder), _ebnf_literal(fields[k].sentinel))
+        self._fields = tuple(fields)
+        self._grammar = support.grammar_compiler.compile_grammar(ebnf)
+        self._crossing = frozenset(t for f in fields for t in (*f.enter_tokens, *f.middle_tokens))
+        self._fields_by_prefix: dict[int, list[int]] = {}
+        for k, f in enumerate(fields):
+            for prefix in {*f.enter_masks, *f.middle_by_prefix}:
+                self._fields_by_prefix.setdefault(prefix, []).append(k)
+        self._starts_first = bytes(sorted({c for f in fields for c in f.first}))
+        self._compile_seconds = time.perf_counter() - started
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's logits width; bitmask rows have ``ceil(vocab_size / 32)`` words."""
+        return self._vocab.vocab_size
+
+    @property
+    def vocab_fingerprint(self) -> str:
+        return self._vocab.fingerprint
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The schema as given (a copy)."""
+        copied: dict[str, Any] = json.loads(json.dumps(self._schema))
+        return copied
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._vocab.eos_token_ids
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the tries, their boundary tables and xgrammar's compiled grammar."""
+        total = int(self._grammar.memory_size_bytes)
+        for f in self._fields:
+            total += f.automaton.memory_bytes + f.accepting.nbytes + f.leaves.nbytes
+            total += f.exit_nodes.nbytes + f.exit_pieces.nbytes + f.exit_values.nbytes
+            total += sum(w.nbytes + b.nbytes for w, b in f.enter_masks.values())
+            total += 64 * (len(f.tails) + len(f.middles) + len(f.enter_tokens) + len(f.middle_tokens))
+        return total
+
+    def stats(self) -> dict[str, Any]:
+        """Which fields went to which engine, their sizes, and the compile time."""
+        return {
+            "trie_fields": [
+                {
+                    "paths": list(f.paths),
+                    "values": f.automaton.num_values,
+                    "trie_nodes": f.automaton.num_nodes,
+                    "memory_bytes": f.automaton.memory_bytes,
+                    "compile_seconds": f.compile_seconds,
+                }
+                for f in self._fields
+            ],
+            "structure": {"engine": "xgrammar", "memory_bytes": int(self._grammar.memory_size_bytes)},
+            "options": dict(self._options),
+            "memory_bytes": self.memory_bytes,
+            "compile_seconds": self._compile_seconds,
+        }
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(str(f.automaton.num_values) for f in self._fields)
+        return f"CompiledSchema(trie fields: [{sizes}], vocab_size={self.vocab_size})"
+
+    # ------------------------------------------------------------------ decoding
+
+    def _initial(self) -> list[_Config]:
+        import xgrammar
+
+        return [(self, xgrammar.GrammarMatcher(self._grammar, max_rollback_tokens=-1), _STRUCT, 0, b"", None)]
+
+    def _exit(self, matcher: Any, k: int, node: int, value_start: bytes) -> list[_Config]:
+        """Configurations just after field ``k``'s value, completed at ``node``
+        (``value_start``: the output before the value). The matcher is already past
+        the sentinel: the structure resumes where it is."""
+        return [(self, matcher, _STRUCT, 0, b"", None)]
+
+    def _settle(self, matcher: Any, k: int, node: int, value_start: bytes, cache: dict[Any, Any]) -> list[_Config]:
+        """Configurations at trie node ``node``: inside the value, after it, or both."""
+        field = self._fields[k]
+        found: list[_Config] = []
+        if not field.leaves[node]:
+            found.append((self, matcher, k, node, value_start, cache))
+        if field.accepting[node]:
+            found += self._exit(matcher, k, node, value_start)
+        return found
+
+    def _feed(self, matcher: Any, data: bytes, before: bytes | bytearray) -> list[_Config]:
+        """Configurations after the bytes ``data`` from a structural configuration
+        (every reading: structure alone, or entering a field at each possible start)."""
+        found: list[_Config] = []
+        whole = matcher.fork()
+        if whole.accept_string(data):
+            found.append((self, whole, _STRUCT, 0, b"", None))
+        for j in _starts(data, self._starts_first):
+            for k, field in enumerate(self._fields):
+                if data[j] not in field.first:
+                    continue
+                entered = matcher.fork()
+                if not entered.accept_string(data[:j] + field.sentinel):
+                    continue
+                piece, value_start = data[j:], bytes(before) + data[:j]
+                node = field.tails.get(piece)
+                if node is not None:
+                    found += self._settle(entered, k, node, value_start, {})
+                for i in _ends(piece, field.last):
+                    value_node = field.middles.get(piece[:i])
+                    if value_node is not None:
+                        for config in self._exit(entered, k, value_node, value_start):
+                            found += config[0]._feed(config[1], piece[i:], value_start + piece[:i])
+        return found
+
+    def _token(self, config: _Config, token: int, data: bytes | None, before: bytes | bytearray) -> list[_Config]:
+        """Configurations after ``token`` from ``config`` (never modifies its matcher)."""
+        _, matcher, k, node, value_start, cache = config
+        if k == _STRUCT:
+            if data is None or token not in self._crossing:
+                following = matcher.fork()
+                return [(self, following, _STRUCT, 0, b"", None)] if following.accept_token(token) else []
+            return self._feed(matcher, data, before)
+        if data is None:
+            return []
+        field = self._fields[k]
+        found: list[_Config] = []
+        following = field.automaton.next_state(node, token)
+        if following != DEAD:
+            found += self._settle(matcher, k, following, value_start, cache)
+        pieces = field.pieces
+        view = field.exit_nodes_view
+        e = bisect_left(view, node)
+        while e < len(view) and view[e] == node:
+            piece = int(field.exit_pieces[e])
+            lo, hi = int(pieces.head_offsets[piece]), int(pieces.head_offsets[piece + 1])
+            h = bisect_left(pieces.head_tokens_view, token, lo, hi)
+            while h < hi and pieces.head_tokens_view[h] == token:
+                end = int(pieces.head_ends[h])
+                for after in self._exit(matcher, k, int(field.exit_values[e]), value_start):
+                    found += after[0]._feed(after[1], data[end:], value_start + data[:end])
+                h += 1
+            e += 1
+        return found
+
+    def _fill(
+        self, config: _Config, row: npt.NDArray[np.int32], scratch: npt.NDArray[np.int32], before: bytes | bytearray
+    ) -> None:
+        """Overwrite ``row`` with the tokens allowed from ``config`` (``before``: the output so far)."""
+        _, matcher, k, node, value_start, cache = config
+        support = self._support
+        if k == _STRUCT:
+            if support.inline:
+                matcher.fill_next_token_bitmask(row.reshape(1, -1))
+                buffer = row
+            else:
+                matcher.fill_next_token_bitmask(scratch)
+                buffer = scratch[0]
+                np.copyto(row, buffer[: support.width])
+            lo, hi = support.pseudo_words
+            pseudo = buffer[lo:hi]
+            if pseudo.any():
+                words = pseudo.tolist()
+                if support.inline:
+                    pseudo &= support.pseudo_keep
+                for w, bits in enumerate(words):
+                    bits &= 0xFFFFFFFF
+                    while bits:
+                        low = bits & -bits
+                        prefix_id = 32 * (lo + w) + low.bit_length() - 1 - support.first_pseudo
+                        if 0 <= prefix_id < len(support.prefixes):
+                            self._fill_entries(matcher, prefix_id, row, before)
+                        bits ^= low
+                row[support.control_words] &= support.control_clear
+            return
+        field = self._fields[k]
+        field.automaton.fill_bitmask(row.reshape(1, -1), (node,))
+        view = field.exit_nodes_view
+        e = bisect_left(view, node)
+        while e < len(view) and view[e] == node:
+            self._fill_exits(matcher, k, int(field.exit_pieces[e]), int(field.exit_values[e]), value_start, cache, row)
+            e += 1
+
+    def _fill_exits(
+        self,
+        matcher: Any,
+        k: int,
+        piece: int,
+        value_node: int,
+        value_start: bytes,
+        cache: dict[Any, Any],
+        row: npt.NDArray[np.int32],
+    ) -> None:
+        """Add the tokens whose head ``piece`` ends field ``k``'s value and whose rest
+        the structure accepts after it."""
+        pieces = self._fields[k].pieces
+        lo, hi = int(pieces.head_offsets[piece]), int(pieces.head_offsets[piece + 1])
+        tokens, probe = pieces.head_tokens[lo:hi], pieces.head_probe[lo:hi]
+        # What follows the value: the same for every value, except where the value
+        # picks the grammar that follows (a tool's arguments). Computed once per value.
+        key = value_node if self._switches(k) else -1
+        found = cache.get(key)
+        if found is None:
+            after_configs = self._exit(matcher, k, value_node, value_start)
+            after = None
+            if len(after_configs) == 1 and after_configs[0][2] == _STRUCT:
+                after = np.zeros(self._support.xgr_width, dtype=np.int32)
+                after_configs[0][1].fill_next_token_bitmask(after.reshape(1, -1))
+            found = cache[key] = (after_configs, after)
+        after_configs, after = found
+        if after is not None:
+            rests = pieces.head_rest_tokens[lo:hi]
+            safe = np.maximum(rests, 0)
+            ok = (rests >= 0) & ((after[safe >> 5] >> (safe & 31)) & 1).astype(bool)
+            _set_bits(row, tokens[ok])
+            probe = probe & ~ok
+        else:
+            probe = np.ones(hi - lo, dtype=bool)
+        for h in (lo + np.flatnonzero(probe)).tolist():
+            token, end = int(pieces.head_tokens[h]), int(pieces.head_ends[h])
+            data = self._support.tokens[token]
+            assert data is not None
+            rest = data[end:]
+            verdict = cache.get((rest, key))
+            if verdict is None:  # configurations are never modified: _feed forks
+                verdict = cache[(rest, key)] = any(
+                    c[0]._feed(c[1], rest, value_start + data[:end]) for c in after_configs
+                )
+            if verdict:
+                _set_bits(row, np.array([token]))
+
+    def _switches(self, k: int) -> bool:
+        """Whether leaving field ``k`` moves to another schema (the tool name of compile_tools)."""
+        return False
+
+    def _fill_entries(
+        self, matcher: Any, prefix_id: int, row: npt.NDArray[np.int32], before: bytes | bytearray
+    ) -> None:
+        """Add the tokens that enter a field after structural prefix ``prefix_id``."""
+        prefix = self._support.prefixes[prefix_id]
+        for k in self._fields_by_prefix.get(prefix_id, ()):
+            field = self._fields[k]
+            if not matcher.accept_string(prefix + field.sentinel):
+                continue
+            matcher.rollback(1)
+            mask = field.enter_masks.get(prefix_id)
+            if mask is not None:
+                row[mask[0]] |= mask[1]
+            for token, start, end, node in field.middle_by_prefix.get(prefix_id, ()):
+                data = self._support.tokens[token]
+                assert data is not None
+                entered = matcher.fork()
+                entered.accept_string(prefix + field.sentinel)
+                value_start = bytes(before) + prefix
+                after = self._exit(entered, k, node, value_start)
+                if any(c[0]._feed(c[1], data[end:], value_start + data[start:end]) for c in after):
+                    _set_bits(row, np.array([token]))
+
+
+def _set_bits(row: npt.NDArray[np.int32], tokens: npt.NDArray[np.int64]) -> None:
+    np.bitwise_or.at(row.view(np.uint32), tokens >> 5, np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32)))
+
+
+def _replace_field(field: _Field, **changes: Any) -> _Field:
+    from dataclasses import replace
+
+    return replace(field, **changes)
+
+
+# --------------------------------------------------------------------------- matcher
+
+
+class SchemaMatcher:
+    """Follows one output through a :class:`CompiledSchema` (``triemask.Matcher(compiled)``).
+
+    The same interface as :class:`~triemask.Matcher` for a set; :attr:`value` is
+    the parsed JSON once the output is complete.
+    """
+
+    __slots__ = ("_configs", "_history", "_output", "_schema", "_scratch")
+
+    def __init__(self, schema: CompiledSchema, *, max_rollback: int = 16) -> None:
+        if not isinstance(schema, CompiledSchema):
+            raise ArgumentTypeError(f"SchemaMatcher needs a CompiledSchema, got {type(schema).__qualname__}")
+        max_rollback = integer(max_rollback, "max_rollback", StateError, "an integer in [0, 2**31)")
+        if not 0 <= max_rollback < 1 << 31:
+            raise StateError(f"max_rollback must be an integer in [0, 2**31), got {max_rollback}")
+        self._schema = schema
+        self._configs = schema._initial()
+        # (configurations, output length, the matcher advanced in place or None) per step
+        self._history: deque[tuple[list[_Config], int, Any]] = deque(maxlen=max_rollback)
+        self._output = bytearray()
+        self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
+
+    @property
+    def schema(self) -> CompiledSchema:
+        """The shared compiled schema."""
+        return self._schema
+
+    @property
+    def text(self) -> bytes:
+        """The output so far, as bytes."""
+        return bytes(self._output)
+
+    @property
+    def value(self) -> Any:
+        """The output parsed as JSON once it is complete, else None."""
+        if not any(c[2] == _STRUCT and (c[1].is_completed() or c[1].is_terminated()) for c in self._configs):
+            return None
+        return json.loads(self._output.decode("utf-8"))
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) when it is not allowed."""
+        if type(token_id) is not int:
+            try:
+                token_id = integer(token_id, "token_id")
+            except StateError:
+                return False
+        schema = self._schema
+        support = schema._support
+        if not 0 <= token_id < schema.vocab_size or token_id in support.control_tokens:
+            return False
+        data = support.tokens[token_id] if token_id < len(support.tokens) else None
+        if data is None and token_id not in schema.eos_token_ids:
+            return False
+        configs = self._configs
+        config = configs[0]
+        if len(configs) == 1 and config[2] == _STRUCT and (data is None or token_id not in config[0]._crossing):
+            # the common step: one structural reading, a token that cannot enter a field.
+            # Advance xgrammar in place; rollback undoes it with xgrammar's own rollback.
+            if not config[1].accept_token(token_id):
+                return False
+            self._history.append((configs, len(self._output), config[1]))
+        else:
+            following: list[_Config] = []
+            for config in configs:
+                following += config[0]._token(config, token_id, data, self._output)
+            if not following:
+                return False
+            self._history.append((configs, len(self._output), None))
+            self._configs = following
+        if data is not None:
+            self._output += data
+        return True
+
+    def accept_tokens(self, token_ids: Iterable[int]) -> int:
+        """Accept tokens in order until one is rejected; returns how many were accepted."""
+        if not isinstance(token_ids, Iterable):
+            raise ArgumentTypeError(f"token_ids must be an iterable of integers, got {type(token_ids).__name__}")
+        accepted = 0
+        for token_id in token_ids:
+            if not self.accept_token(token_id):
+                break
+            accepted += 1
+        return accepted
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+        num_tokens = integer(num_tokens, "num_tokens", StateError, "an integer")
+        if num_tokens < 0 or num_tokens > len(self._history):
+            raise StateError(
+                f"cannot roll back {num_tokens} tokens: {len(self._history)} can be undone "
+                f"(max_rollback={self._history.maxlen})"
+            )
+        for _ in range(num_tokens):
+            self._configs, length, advanced = self._history.pop()
+            if advanced is not None:
+                advanced.rollback(1)
+            del self._output[length:]
+
+    def reset(self) -> None:
+        """Return to the start and forget the history."""
+        self._configs = self._schema._initial()
+        self._history.clear()
+        self._output.clear()
+
+    def copy(self) -> SchemaMatcher:
+        """An independent matcher in the same state, with the same rollback history."""
+        forks: dict[int, Any] = {}
+
+        def fork(matcher: Any) -> Any:
+            # xgrammar's fork keeps the matcher's own rollback history
+            if id(matcher) not in forks:
+                forks[id(matcher)] = matcher.fork()
+            return forks[id(matcher)]
+
+        def copied(configs: list[_Config]) -> list[_Config]:
+            return [(c[0], fork(c[1]), *c[2:]) for c in configs]
+
+        clone = SchemaMatcher.__new__(SchemaMatcher)
+        clone._schema = self._schema
+        clone._configs = copied(self._configs)
+        clone._history = deque(
+            (
+                (copied(configs), length, None if advanced is None else fork(advanced))
+                for configs, length, advanced in self._history
+            ),
+            maxlen=self._history.maxlen,
+        )
+        clone._output = bytearray(self._output)
+        clone._scratch = np.zeros_like(self._scratch)
+        return clone
+
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted (or the grammar allows nothing more)."""
+        return any(c[2] == _STRUCT and c[1].is_terminated() for c in self._configs)
+
+    def allowed_token_ids(self) -> npt.NDArray[np.int32]:
+        """Ids allowed next, ascending."""
+        row = np.zeros((1, self._schema._support.width), dtype=np.int32)
+        self.fill_next_token_bitmask(row)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self._schema.vocab_size]
+        return np.flatnonzero(bits).astype(np.int32)
+
+    def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
+        """Overwrite row ``row`` of ``bitmask`` (int32, ``(batch, ceil(vocab_size / 32))``,
+        numpy or CPU torch) with the mask of the next token."""
+        array = as_bitmask_array(bitmask, self._schema.vocab_size)
+        row = integer(row, "row", StateError, "an integer")
+        if not 0 <= row < array.shape[0]:
+            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
+        self._fill(array[row])
+
+    def _fill(self, out: npt.NDArray[np.int32]) -> None:
+        before = self._output
+        first = self._configs[0]
+        first[0]._fill(first, out, self._scratch, before)
+        if len(self._configs) > 1:
+            other = np.empty_like(out)
+            for config in self._configs[1:]:
+                config[0]._fill(config, other, self._scratch, before)
+                out |= other
+
+    def __repr__(self) -> str:
+        return f"SchemaMatcher(output={bytes(self._output)[-40:]!r}, configurations={len(self._configs)})"
+
+
+def fill_next_token_bitmasks(
+    matchers: Sequence[SchemaMatcher], bitmask: Any, rows: Sequence[int] | None = None
+) -> None:
+    """Fill one bitmask row per matcher in one call (row ``i`` by default for matcher ``i``).
+
+    The serving-engine entry point: it checks the buffer once and skips the per-call
+    checks of :meth:`SchemaMatcher.fill_next_token_bitmask`.
+    """
+    if not matchers:
+        return
+    if not all(isinstance(m, SchemaMatcher) for m in matchers):
+        raise ArgumentTypeError("fill_next_token_bitmasks needs SchemaMatcher objects")
+    array = as_bitmask_array(bitmask, matchers[0].schema.vocab_size)
+    targets = list(range(len(matchers))) if rows is None else [integer(r, "rows") for r in rows]
+    if len(targets) != len(matchers):
+        raise StateError(f"rows must be {len(matchers)} integers (one per matcher), got {len(targets)}")
+    for target in targets:
+        if not 0 <= target < array.shape[0]:
+            raise StateError(f"row {target} is outside the bitmask's {array.shape[0]} rows")
+    for matcher, target in zip(matchers, targets, strict=True):
+        if matcher.schema.vocab_size != matchers[0].schema.vocab_size:
+            raise StateError("all matchers of one batch must share a vocabulary size")
+        matcher._fill(array[target])

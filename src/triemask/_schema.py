@@ -1,0 +1,219 @@
+"""Reading a JSON schema and finding the enum fields that go to tries.
+
+A JSON schema is taken as a dict, a JSON string or a pydantic model class. Every
+``enum`` of JSON scalars, and every ``anyOf`` / ``oneOf`` whose branches are all
+``const`` scalars, with at least ``min_enum_values`` distinct values, is an *enum
+site*: it is replaced by a ``const`` placeholder before the structure is handed to
+xgrammar, and its values are compiled to a trie over their JSON text, spelled
+exactly as xgrammar spells them (see :func:`json_texts`).
+
+Sites are found wherever they are: object properties, array items, ``$defs``,
+``anyOf`` branches, and so on. Paths name them in JSONPath style
+(``$.properties.name.enum[3]``), and every error names the path it is about.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._errors import ArgumentTypeError, SchemaError
+
+__all__ = ["EnumSite", "dispatch", "json_texts", "load_schema", "placeholder_literal"]
+
+# Keywords whose value is one subschema, a list of them, or a name -> subschema map.
+_ONE = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+# Keywords that only annotate: a branch {"const": x, "description": ...} is still a plain const.
+_ANNOTATIONS = frozenset({"title", "description", "examples", "default", "deprecated", "$comment", "readOnly"})
+
+
+@dataclass(frozen=True)
+class EnumSite:
+    """One enum field of a schema: where it is and what it allows."""
+
+    path: str
+    values: tuple[Any, ...]  # the JSON values, as given, duplicates removed
+    placeholder: str  # the const string that stands for it in the structural schema
+
+
+def load_schema(schema: Any) -> dict[str, Any]:
+    """The schema as a fresh dict (the caller's object is never modified).
+
+    Raises
+    ------
+    SchemaError
+        A string that is not JSON, or JSON that is not an object.
+    ArgumentTypeError
+        Anything but a dict, a str or a pydantic model class.
+    """
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        schema = schema.model_json_schema()
+    if isinstance(schema, str | bytes):
+        try:
+            loaded = json.loads(schema)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SchemaError(f"the schema is not valid JSON: {exc}", path="$") from None
+    elif isinstance(schema, Mapping):
+        try:  # a deep copy that also checks that the schema is JSON
+            loaded = json.loads(json.dumps(schema, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"the schema is not JSON-serialisable: {exc}", path="$") from None
+    else:
+        raise ArgumentTypeError(
+            f"schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
+        )
+    if not isinstance(loaded, dict):
+        raise SchemaError(f"a JSON schema is an object, got {type(loaded).__name__} {loaded!r:.60}", path="$")
+    return loaded
+
+
+def _key_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key) else f"{path}[{json.dumps(key)}]"
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | bool | int | float)
+
+
+def _check_values(values: list[Any], path: str) -> None:
+    for i, value in enumerate(values):
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise SchemaError(
+                    f"{path}[{i}] {value!r:.60} is not valid Unicode ({exc.reason})", path=f"{path}[{i}]"
+                ) from None
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise SchemaError(f"{path}[{i}] is {value}, which JSON cannot spell", path=f"{path}[{i}]")
+
+
+def _enum_values(node: dict[str, Any], path: str) -> tuple[list[Any], str] | None:
+    """The values of an enum-like node and the path of its value list, else None."""
+    if "enum" in node:
+        values = node["enum"]
+        where = f"{path}.enum"
+        if not isinstance(values, list):
+            raise SchemaError(f"{where} must be an array, got {type(values).__name__}", path=where)
+        if not values:
+            raise SchemaError(f"{where} is empty: no value could ever be generated", path=where)
+        if all(_is_scalar(v) for v in values):
+            _check_values(values, where)
+            return values, where
+        return None
+    for keyword in ("anyOf", "oneOf"):
+        branches = node.get(keyword)
+        if (
+            isinstance(branches, list)
+            and branches
+            and all(
+                isinstance(b, dict) and "const" in b and _is_scalar(b["const"]) and set(b) - {"const"} <= _ANNOTATIONS
+                for b in branches
+            )
+        ):
+            values = [b["const"] for b in branches]
+            where = f"{path}.{keyword}"
+            _check_values(values, where)
+            return values, where
+    return None
+
+
+def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, Any], list[EnumSite]]:
+    """Replace every enum site of ``schema`` (in place) by a const placeholder.
+
+    Returns the rewritten schema and the sites, in the order they were found.
+    """
+    nonce = secrets.token_hex(8)
+    sites: list[EnumSite] = []
+    seen: dict[int, str] = {}
+
+    def distinct(values: list[Any]) -> tuple[Any, ...]:
+        unique: dict[str, Any] = {}
+        for value in values:  # 1 and 1.0 are one JSON value; True and 1 are not
+            unique.setdefault(json.dumps(value, sort_keys=True) + type(value).__name__[:1], value)
+        return tuple(unique.values())
+
+    def visit(node: Any, path: str) -> Any:
+        if not isinstance(node, dict):
+            return node
+        if id(node) in seen:  # pragma: no cover - JSON loading never shares objects
+            return node
+        found = _enum_values(node, path)
+        if found is not None:
+            values = distinct(found[0])
+            if len(values) >= min_enum_values:
+                placeholder = f"triemask-{nonce}-{len(sites)}"
+                sites.append(EnumSite(found[1], values, placeholder))
+                return {"const": placeholder}
+        for key in _MAP:
+            children = node.get(key)
+            if isinstance(children, dict):
+                for name in list(children):
+                    children[name] = visit(children[name], _key_path(_key_path(path, key), name))
+        for key in _LIST:
+            children = node.get(key)
+            if isinstance(children, list):
+                node[key] = [visit(child, f"{path}.{key}[{i}]") for i, child in enumerate(children)]
+        for key in _ONE:
+            if isinstance(node.get(key), dict):
+                node[key] = visit(node[key], f"{path}.{key}")
+        return node
+
+    return visit(schema, "$"), sites
+
+
+def placeholder_literal(placeholder: str) -> str:
+    """How xgrammar prints the placeholder's JSON text as an EBNF string literal."""
+    return '"\\"' + placeholder + '\\""'
+
+
+def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
+    """The JSON text of each value, as the structural engine spells it.
+
+    Strings: picojson's escapes (``\\"``, ``\\\\``, the short escapes, ``\\u00xx`` for the
+    other control characters and DEL), everything else as raw UTF-8. Numbers, booleans
+    and null: the text xgrammar itself prints for them (it reformats numbers: ``1.0``
+    is ``1``, ``1e20`` is ``1e+20``), read from the grammar it builds.
+    """
+    texts: list[bytes | None] = []
+    others: list[Any] = []
+    for value in values:
+        if isinstance(value, str):
+            texts.append(json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f").encode("utf-8"))
+        else:
+            texts.append(None)
+            others.append(value)
+    if others:
+        spelled = iter(_xgrammar_literals(others, path))
+        texts = [text if text is not None else next(spelled) for text in texts]
+    return [text for text in texts if text is not None]
+
+
+def _xgrammar_literals(values: list[Any], path: str) -> list[bytes]:
+    import xgrammar
+
+    grammar = str(xgrammar.Grammar.from_json_schema(json.dumps({"enum": values})))
+    root = next(line for line in grammar.splitlines() if line.startswith("root ::= "))
+    literals = re.findall(r'\("([^"\\]*)"\)', root)
+    if len(literals) != len(values):  # pragma: no cover - a change in xgrammar's printing
+        raise SchemaError(f"{path}: cannot read xgrammar's spelling of {values!r:.80}", path=path)
+    return [literal.encode("ascii") for literal in literals]
