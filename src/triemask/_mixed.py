@@ -716,10 +716,15 @@ class SchemaMatcher:
 
     @property
     def value(self) -> Any:
-        """The output parsed as JSON once it is complete, else None."""
+        """The output parsed as JSON once it is complete, else None.
+
+        xgrammar's JSON strings admit the UTF-8 spelling of surrogates, which Python's
+        strict decoder refuses; they decode here to lone surrogates, as JSON's
+        ``\\ud800`` escapes do.
+        """
         if not any(c[2] == _STRUCT and (c[1].is_completed() or c[1].is_terminated()) for c in self._configs):
             return None
-        return json.loads(self._output.decode("utf-8"))
+        return json.loads(self._output.decode("utf-8", "surrogatepass"))
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) when it is not allowed."""

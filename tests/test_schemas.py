@@ -1,0 +1,504 @@
+"""Mixed schemas: enum fields in tries, structure in xgrammar, checked against xgrammar's
+language for the whole schema.
+
+The oracle is xgrammar compiling the *original* schema (enums included) with the same
+options. xgrammar's bitmask sometimes omits tokens its own ``accept_token`` takes
+(issue 11 reproduces one), so every token where the two masks differ is judged by
+``accept_token`` on a fork of xgrammar's matcher: triemask must allow exactly the
+tokens the whole schema's language continues with.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import zlib
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import byte_vocabulary, real_compiler, real_vocabulary
+
+from triemask import (
+    ArgumentTypeError,
+    CompiledSchema,
+    CompiledTools,
+    Compiler,
+    Matcher,
+    SchemaError,
+    SchemaMatcher,
+    StateError,
+    Vocabulary,
+    fill_next_token_bitmasks,
+)
+
+xgr = pytest.importorskip("xgrammar")
+
+# Values that stress the JSON spelling and the trie: quotes, backslashes, control
+# characters, DEL, non-ASCII, values that are prefixes of others, an empty string.
+NAMES = [
+    "get_user",
+    "get_users",
+    "get",
+    "a",
+    "ab",
+    "abc",
+    "x",
+    'say "hi"',
+    "back\\slash",
+    "tab\there",
+    "ctl\x01\x7f",
+    "é",
+    "日本",
+    "emoji 😀",
+    "",
+    "a, b",
+    "}",
+]
+NUMBERS = [1, 12, 2.5, -3, 1e20, True, False, None, 0]
+
+MERGES = [
+    b'": "',
+    b'":"',
+    b'"a',
+    b'",',
+    b'", "',
+    b'"}',
+    b'"]',
+    b'"],',
+    b"get",
+    b"_user",
+    b'er"',
+    b'er",',
+    b'"get',
+    b': "',
+    b'{"',
+    b"name",
+    b'"name',
+    b"1,",
+    b", 1",
+    b"12",
+    b"true",
+    b"null",
+    b'"x"',
+    b'"x",',
+    b'"x", "',
+    b"ab",
+    b'"ab"}',
+    b' "',
+    b'"c',
+    b'\\"',
+    b"\\\\",
+    b'hi\\"',
+    b'["',
+    b'{"name": "get',
+    b'"}, {"',
+    b'\xc3\xa9"',
+    b'": 1',
+    b"2.5,",
+]
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "enum first": {
+        "type": "object",
+        "properties": {"name": {"enum": NAMES}, "count": {"type": "integer"}},
+        "required": ["name", "count"],
+    },
+    "enum last, optional": {
+        "type": "object",
+        "properties": {"note": {"type": "string"}, "name": {"enum": NAMES}},
+        "required": ["note"],
+    },
+    "adjacent enums": {
+        "type": "object",
+        "properties": {"a": {"enum": NAMES}, "b": {"enum": NAMES[:9]}, "n": {"enum": NUMBERS}},
+        "required": ["a", "b", "n"],
+    },
+    "array and nested": {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": {"enum": NAMES}},
+            "inner": {"type": "object", "properties": {"kind": {"anyOf": [{"const": v} for v in NAMES[:8]]}}},
+        },
+        "required": ["tags", "inner"],
+    },
+    "$ref": {
+        "$defs": {"Name": {"type": "string", "enum": NAMES}},
+        "type": "object",
+        "properties": {"first": {"$ref": "#/$defs/Name"}, "rest": {"type": "array", "items": {"$ref": "#/$defs/Name"}}},
+        "required": ["first", "rest"],
+    },
+    "union with a free string": {
+        "type": "object",
+        "properties": {"v": {"anyOf": [{"enum": NAMES}, {"type": "string"}, {"type": "null"}]}},
+        "required": ["v"],
+    },
+    "bare enum": {"enum": NAMES + NUMBERS},
+}
+
+
+def reference_compiler(vocab: Vocabulary) -> Any:
+    encoded = [vocab.token_bytes(i) or b"" for i in range(len(vocab))]
+    encoded += [b""] * (vocab.vocab_size - len(encoded))
+    info = xgr.TokenizerInfo(
+        encoded, xgr.VocabType.RAW, vocab_size=vocab.vocab_size, stop_token_ids=list(vocab.eos_token_ids)
+    )
+    return xgr.GrammarCompiler(info, cache_enabled=False)
+
+
+def unpack(row: np.ndarray, vocab_size: int) -> set[int]:
+    bits = np.unpackbits(row.reshape(-1).view(np.uint8), bitorder="little")[:vocab_size]
+    return set(np.flatnonzero(bits).tolist())
+
+
+def compare_walks(
+    compiled: CompiledSchema, reference: Any, vocab: Vocabulary, *, walks: int, steps: int, seed: int
+) -> int:
+    """Random walks through ``compiled``, every mask judged against xgrammar's whole
+    schema; returns how many steps were compared."""
+    rng = random.Random(seed)
+    v = vocab.vocab_size
+    width = (v + 31) // 32
+    eos = set(vocab.eos_token_ids)
+    compared = 0
+    for _ in range(walks):
+        ours = Matcher(compiled)
+        assert isinstance(ours, SchemaMatcher)
+        theirs = xgr.GrammarMatcher(reference)
+        for _ in range(steps):
+            allowed = set(ours.allowed_token_ids().tolist())
+            row = np.zeros((1, width), dtype=np.int32)
+            theirs.fill_next_token_bitmask(row)
+            for token in allowed ^ unpack(row, v):
+                verdict = theirs.fork().accept_token(token)
+                assert (token in allowed) == verdict, (ours.text, token, vocab.token_bytes(token), token in allowed)
+            assert all(vocab.token_bytes(t) or t in eos for t in allowed), "a special token was allowed"
+            compared += 1
+            for token in rng.sample(range(v), 24):  # tokens triemask rejects are rejected
+                if token not in allowed:
+                    assert not ours.accept_token(token)
+            if not allowed:
+                break
+            quoted = [t for t in allowed if b'"' in (vocab.token_bytes(t) or b"")]
+            token = rng.choice(sorted(quoted if quoted and rng.random() < 0.6 else allowed))
+            assert ours.accept_token(token)
+            assert theirs.accept_token(token)
+            if ours.is_terminated():
+                break
+        if theirs.is_completed():
+            assert ours.value == json.loads(ours.text.decode("utf-8", "surrogatepass"))
+    return compared
+
+
+@pytest.fixture(scope="module")
+def byte_vocab() -> Vocabulary:
+    return byte_vocabulary(MERGES)
+
+
+@pytest.fixture(scope="module")
+def byte_compiler(byte_vocab: Vocabulary) -> Compiler:
+    return Compiler(byte_vocab)
+
+
+@pytest.mark.parametrize("any_whitespace", [False, True])
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_masks_equal_the_whole_schema(
+    byte_vocab: Vocabulary, byte_compiler: Compiler, name: str, any_whitespace: bool
+) -> None:
+    schema = SCHEMAS[name]
+    compiled = byte_compiler.compile_json_schema(schema, any_whitespace=any_whitespace, min_enum_values=2)
+    assert compiled.stats()["trie_fields"], "the enums went to tries"
+    reference = reference_compiler(byte_vocab).compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+    assert compare_walks(compiled, reference, byte_vocab, walks=12, steps=50, seed=zlib.crc32(name.encode())) > 36
+
+
+def test_separators_and_indent(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+    schema = SCHEMAS["adjacent enums"]
+    for options in ({"indent": 2}, {"separators": (",", ":")}, {"strict_mode": False, "any_whitespace": False}):
+        compiled = byte_compiler.compile_json_schema(schema, min_enum_values=2, **options)
+        reference = reference_compiler(byte_vocab).compile_json_schema(json.dumps(schema), **options)
+        compare_walks(compiled, reference, byte_vocab, walks=6, steps=40, seed=3)
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+        },
+    },
+    {
+        "name": "get_user",
+        "description": "one",
+        "parameters": {
+            "type": "object",
+            "properties": {"kind": {"enum": NAMES}, "q": {"type": "string"}},
+            "required": ["kind"],
+        },
+    },
+    {
+        "name": "get_users",
+        "parameters": {
+            "type": "object",
+            "properties": {"kind": {"enum": NAMES}, "q": {"type": "string"}},
+            "required": ["kind"],
+        },
+    },
+    {"name": "x", "parameters": {"type": "object", "properties": {}}},
+    {
+        "name": 'say "hi"',
+        "parameters": {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": NAMES[:5]}}}},
+    },
+    {"name": "é"},
+]
+
+
+def tools_as_any_of(tools: list[dict[str, Any]]) -> dict[str, Any]:
+    specs = [tool.get("function", tool) for tool in tools]
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {
+                    "name": {"const": s["name"]},
+                    "arguments": s.get("parameters", {"type": "object", "properties": {}}),
+                },
+                "required": ["name", "arguments"],
+            }
+            for s in specs
+        ]
+    }
+
+
+@pytest.mark.parametrize("any_whitespace", [False, True])
+def test_tools_equal_the_any_of(byte_vocab: Vocabulary, byte_compiler: Compiler, any_whitespace: bool) -> None:
+    compiled = byte_compiler.compile_tools(TOOLS, any_whitespace=any_whitespace, min_enum_values=2)
+    assert isinstance(compiled, CompiledTools)
+    reference = reference_compiler(byte_vocab).compile_json_schema(
+        json.dumps(tools_as_any_of(TOOLS)), any_whitespace=any_whitespace
+    )
+    compare_walks(compiled, reference, byte_vocab, walks=30, steps=50, seed=7)
+    stats = compiled.stats()["tools"]
+    assert stats["count"] == len(TOOLS)
+    assert stats["misses"] <= len(TOOLS) - 1  # get_user and get_users share one compiled schema
+
+
+def test_tool_arguments_compiled_once_and_bounded(byte_compiler: Compiler) -> None:
+    compiled = byte_compiler.compile_tools(TOOLS, cache_bytes=1)
+    compiled.warm()
+    stats = compiled.stats()["tools"]
+    assert stats["argument_schemas_cached"] == 0  # every schema is larger than one byte: none kept
+    roomy = byte_compiler.compile_tools(TOOLS)
+    threads = [threading.Thread(target=roomy.warm) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stats = roomy.stats()["tools"]
+    distinct = {json.dumps(t.get("function", t).get("parameters", {"type": "object", "properties": {}})) for t in TOOLS}
+    assert stats["misses"] == len(distinct) == 4  # equal parameters compile once, even from four threads
+    assert roomy.arguments_schema("get_user") is roomy.arguments_schema("get_users")
+
+
+def test_matcher_interface(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+    compiled = byte_compiler.compile_json_schema(SCHEMAS["enum first"], any_whitespace=False, min_enum_values=2)
+    text = b'{"name": "get_users", "count": 12}'
+    ids = {byte_vocab.token_bytes(i): i for i in range(len(byte_vocab)) if byte_vocab.token_bytes(i)}
+    tokens = [
+        ids[b'{"name": "get'],
+        ids[b"_user"],
+        ids[b"s"],
+        ids[b'",'],
+        ids[b" "],
+        ids[b'"'],
+        *(ids[bytes([c])] for c in b'count": 12}'),
+    ]
+    assert b"".join(byte_vocab.token_bytes(t) or b"" for t in tokens) == text
+    matcher = Matcher(compiled, max_rollback=64)
+    masks = []
+    for token in tokens:
+        masks.append(matcher.allowed_token_ids().tolist())
+        assert matcher.accept_token(token)
+    assert matcher.value == {"name": "get_users", "count": 12}
+    eos = byte_vocab.eos_token_ids[0]
+    assert eos in matcher.allowed_token_ids()
+    copy = matcher.copy()
+    assert matcher.accept_token(eos) and matcher.is_terminated()
+    assert not copy.is_terminated() and copy.value == {"name": "get_users", "count": 12}
+    matcher.rollback(1)
+    for back in range(len(tokens), 0, -1):  # rollback restores every earlier mask
+        matcher.rollback(1)
+        assert matcher.allowed_token_ids().tolist() == masks[back - 1]
+    assert matcher.text == b"" and matcher.value is None
+    assert matcher.accept_tokens(tokens) == len(tokens)
+    matcher.reset()
+    assert matcher.text == b"" and matcher.allowed_token_ids().tolist() == masks[0]
+    with pytest.raises(StateError):
+        matcher.rollback(1)
+    assert not matcher.accept_token(-1) and not matcher.accept_token(10**9) and not matcher.accept_token(1.5)  # type: ignore[arg-type]
+
+
+def test_batch_fill(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+    compiled = byte_compiler.compile_json_schema(SCHEMAS["adjacent enums"], min_enum_values=2)
+    matchers = [Matcher(compiled) for _ in range(3)]
+    matchers[1].accept_tokens([ord("{"), ord('"'), ord("a")])
+    matchers[2].accept_tokens([ord("{")])
+    bitmask = np.full((5, (byte_vocab.vocab_size + 31) // 32), -1, dtype=np.int32)
+    fill_next_token_bitmasks(matchers, bitmask, rows=[4, 0, 2])
+    for matcher, row in zip(matchers, [4, 0, 2], strict=True):
+        assert unpack(bitmask[row], byte_vocab.vocab_size) == set(matcher.allowed_token_ids().tolist())
+    assert (bitmask[[1, 3]] == -1).all()
+    with pytest.raises(StateError, match="rows"):
+        fill_next_token_bitmasks(matchers, bitmask, rows=[0, 1])
+    with pytest.raises(ArgumentTypeError):
+        fill_next_token_bitmasks([object()], bitmask)  # type: ignore[list-item]
+
+
+def test_stats_and_sharing(byte_compiler: Compiler) -> None:
+    compiled = byte_compiler.compile_json_schema(SCHEMAS["$ref"], min_enum_values=2)
+    stats = compiled.stats()
+    (field,) = stats["trie_fields"]  # one trie for the enum the $ref names, wherever it is used
+    assert field["values"] == len(NAMES) and field["paths"] == ["$.$defs.Name.enum"]
+    assert stats["structure"]["engine"] == "xgrammar" and compiled.memory_bytes > field["memory_bytes"]
+    small = byte_compiler.compile_json_schema(SCHEMAS["$ref"])  # 17 values: below the default threshold
+    assert small.stats()["trie_fields"] == []
+    assert compiled.schema == SCHEMAS["$ref"]
+
+
+def test_pydantic_models(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+    pydantic = pytest.importorskip("pydantic")
+    from typing import Literal
+
+    Kind = Literal["get_user", "get_users", "get", "a", "ab"]  # noqa: N806
+
+    class Call(pydantic.BaseModel):  # type: ignore[misc, name-defined]
+        kind: Kind  # type: ignore[valid-type]
+        other: Kind | None = None  # type: ignore[valid-type]
+        count: int
+
+    compiled = byte_compiler.compile_json_schema(Call, any_whitespace=False, min_enum_values=2)
+    assert len(compiled.stats()["trie_fields"]) == 1
+    reference = reference_compiler(byte_vocab).compile_json_schema(Call, any_whitespace=False)
+    compare_walks(compiled, reference, byte_vocab, walks=8, steps=40, seed=11)
+
+
+def test_bad_schemas_name_the_field(byte_compiler: Compiler) -> None:
+    with pytest.raises(SchemaError, match="not valid JSON") as info:
+        byte_compiler.compile_json_schema('{"type": ')
+    assert info.value.path == "$"
+    with pytest.raises(SchemaError, match="object"):
+        byte_compiler.compile_json_schema("[1, 2]")
+    with pytest.raises(ArgumentTypeError):
+        byte_compiler.compile_json_schema(42)
+    empty = {"type": "object", "properties": {"name": {"enum": []}}}
+    with pytest.raises(SchemaError, match="empty") as info:
+        byte_compiler.compile_json_schema(empty)
+    assert info.value.path == "$.properties.name.enum"
+    surrogate = {"type": "object", "properties": {"name": {"enum": ["a", "b", "c", "\ud800"]}}}
+    with pytest.raises(SchemaError) as info:
+        byte_compiler.compile_json_schema(surrogate, min_enum_values=2)
+    assert info.value.path == "$.properties.name.enum[3]"
+    with pytest.raises(SchemaError, match="xgrammar"):
+        byte_compiler.compile_json_schema({"type": "object", "properties": {"a": {"type": "no-such-type"}}})
+    with pytest.raises(SchemaError, match="min_enum_values"):
+        byte_compiler.compile_json_schema({"type": "string"}, min_enum_values=0)
+
+
+def test_unspellable_enum_value_names_its_index() -> None:
+    table: list[bytes | None] = [bytes([b]) for b in range(256) if b != ord("z")] + [None]
+    compiler = Compiler(Vocabulary(table, eos_token_ids=len(table) - 1))
+    schema = {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "zz", "c"]}}}}
+    with pytest.raises(SchemaError, match="cannot be spelled") as info:
+        compiler.compile_json_schema(schema, min_enum_values=2)
+    assert info.value.path == "$.properties.tags.items.enum[2]"
+
+
+def test_bad_tool_lists_name_the_field(byte_compiler: Compiler) -> None:
+    with pytest.raises(SchemaError, match="distinct") as info:
+        byte_compiler.compile_tools([{"name": "a"}, {"type": "function", "function": {"name": "a"}}])
+    assert info.value.path == "$[1].function.name"
+    with pytest.raises(SchemaError, match="empty"):
+        byte_compiler.compile_tools([])
+    with pytest.raises(SchemaError) as info:
+        byte_compiler.compile_tools([{"name": "a"}, {"description": "no name"}])
+    assert info.value.path == "$[1].name"
+    with pytest.raises(SchemaError) as info:
+        byte_compiler.compile_tools([{"name": "a", "parameters": "object"}])
+    assert info.value.path == "$[0].parameters"
+    with pytest.raises(ArgumentTypeError):
+        byte_compiler.compile_tools({"name": "a"})
+    broken = byte_compiler.compile_tools(
+        [{"name": "a", "parameters": {"type": "object", "properties": {"k": {"enum": []}}}}]
+    )
+    with pytest.raises(SchemaError) as info:  # a tool's parameters are checked when it is compiled
+        broken.warm()
+    assert info.value.path == "$[0].parameters.properties.k.enum"
+
+
+def test_json_texts_match_xgrammar() -> None:
+    """Enum values are spelled exactly as xgrammar spells them (numbers reformatted)."""
+    from triemask._schema import json_texts
+
+    values = ("a/b", 'q"x', "b\\s", "nl\n\t\x01\x1f\x7f", "é😀", 1, 1.0, 2.5, 1e20, -0.0, True, None, 0.1, 1e-7, 2**70)
+    texts = json_texts(values, "$")
+    table: list[bytes | None] = [bytes([b]) for b in range(256)] + [None]
+    reference = reference_compiler(Vocabulary(table, eos_token_ids=256)).compile_json_schema(
+        json.dumps({"enum": list(values)})
+    )
+    for text in texts:
+        matcher = xgr.GrammarMatcher(reference)
+        assert matcher.accept_string(text) and matcher.is_completed(), text
+
+
+@pytest.mark.parametrize("any_whitespace", [False, True])
+def test_qwen_tool_call(any_whitespace: bool) -> None:
+    """The fast real-vocabulary check of `make test`: a tool-call schema on Qwen 151K."""
+    name = "qwen2"
+    compiler, vocab = real_compiler(name), real_vocabulary(name).vocab
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {
+                "enum": [
+                    f"{verb}_{noun}"
+                    for verb in ("get", "set", "list", "get_all")
+                    for noun in ("user", "users", "order", 'say "hi"')
+                ]
+            },
+            "arguments": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}, "units": {"enum": ["metric", "imperial", "si"]}},
+                "required": ["city"],
+            },
+        },
+        "required": ["name", "arguments"],
+    }
+    compiled = compiler.compile_json_schema(schema, any_whitespace=any_whitespace, min_enum_values=2)
+    reference = reference_compiler(vocab).compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+    compare_walks(compiled, reference, vocab, walks=3, steps=30, seed=1)
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("name", ["qwen2", "o200k_base", "mistral-spm-32k"])
+@pytest.mark.parametrize("schema_name", sorted(SCHEMAS))
+def test_real_vocabularies(name: str, schema_name: str) -> None:
+    compiler, vocab = real_compiler(name), real_vocabulary(name).vocab
+    schema = SCHEMAS[schema_name]
+    for any_whitespace in (False, True):
+        compiled = compiler.compile_json_schema(schema, any_whitespace=any_whitespace, min_enum_values=2)
+        reference = reference_compiler(vocab).compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+        compare_walks(compiled, reference, vocab, walks=6, steps=40, seed=5)
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("name", ["qwen2", "o200k_base", "mistral-spm-32k"])
+def test_real_vocabularies_tools(name: str) -> None:
+    compiler, vocab = real_compiler(name), real_vocabulary(name).vocab
+    for any_whitespace in (False, True):
+        compiled = compiler.compile_tools(TOOLS, any_whitespace=any_whitespace, min_enum_values=2)
+        reference = reference_compiler(vocab).compile_json_schema(
+            json.dumps(tools_as_any_of(TOOLS)), any_whitespace=any_whitespace
+        )
+        compare_walks(compiled, reference, vocab, walks=8, steps=40, seed=9)
