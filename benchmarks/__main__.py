@@ -1,6 +1,7 @@
 """triemask side by side with xgrammar, llguidance and outlines-core.
 
     python -m benchmarks [--quick] [--out benchmarks/results] [--sections ...]
+    python -m benchmarks schemas [--quick]      (JSON schemas and tool calls: benchmarks/schemas.py)
 
 Every figure is measured in this run, on this machine, with the same vocabulary,
 value sets and decoding states for every engine; ratios are peer time / triemask
@@ -344,6 +345,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["schemas"]:  # python -m benchmarks schemas: JSON schemas and tool calls
+        from . import schemas
+
+        schemas.main(args[1:])
+        return
     options = parse(argv)
     run = Run(options)
     name = "quick" if options.quick else "full"

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import byte_vocabulary, real_compiler, real_vocabulary
 
+from conftest import byte_vocabulary, real_compiler, real_vocabulary
 from triemask import (
     ArgumentTypeError,
     CompiledSchema,
@@ -371,7 +371,7 @@ def test_pydantic_models(byte_vocab: Vocabulary, byte_compiler: Compiler) -> Non
     pydantic = pytest.importorskip("pydantic")
     from typing import Literal
 
-    Kind = Literal["get_user", "get_users", "get", "a", "ab"]  # noqa: N806
+    Kind = Literal["get_user", "get_users", "get", "a", "ab"]
 
     class Call(pydantic.BaseModel):  # type: ignore[misc, name-defined]
         kind: Kind  # type: ignore[valid-type]

@@ -143,7 +143,12 @@ class _VocabularySupport:
         self.vocab = vocab
         self.tokens: list[bytes | None] = [vocab.token_bytes(i) for i in range(len(vocab))]
         self.width = bitmask_width(vocab.vocab_size)
-        prefixes = sorted({data[:j] for data in self.tokens if data for j in _starts(data, _VALUE_FIRST)})
+        found = {data[:j] for data in self.tokens if data for j in _starts(data, _VALUE_FIRST)}
+        # A real token holding 0x01 is allowed by xgrammar only where a sentinel may start
+        # after the bytes before its 0x01: with those bytes among the prefixes, their
+        # extra token's bit tells when such tokens must be cleared from a mask.
+        found |= {p for data in self.tokens if data and 1 in data if _BEFORE_VALUE.match(p := data[: data.index(1)])}
+        prefixes = sorted(found)
         self.prefixes = prefixes
         self.prefix_ids = {p: i for i, p in enumerate(prefixes)}
         # Real tokens holding 0x01 could match a sentinel's first byte: JSON text never
@@ -155,6 +160,7 @@ class _VocabularySupport:
             clear.view(np.uint32), controls >> 5, ~np.left_shift(np.uint32(1), (controls & 31).astype(np.uint32))
         )
         self.control_clear = clear[self.control_words]
+        self.control_pairs = list(zip(self.control_words.tolist(), self.control_clear.tolist(), strict=True))
         self.control_tokens = frozenset(controls.tolist())
         # The extra tokens go in the model's padding ids when they fit (then xgrammar
         # fills the caller's row directly), else after the word-aligned real ids.
@@ -399,11 +405,11 @@ class CompiledSchema:
             raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
         ebnf = str(grammar)
         # one trie per distinct value set, one sentinel per trie
-        by_values: dict[tuple[bytes, ...], int] = {}
+        by_values: dict[tuple[Any, ...], int] = {}
         fields: list[_Field] = []
         width = max(1, (len(sites).bit_length() + 3) // 4)
         for site in sites:
-            key = tuple(json.dumps(v, sort_keys=True).encode() + type(v).__name__[:1].encode() for v in site.values)
+            key = (tuple(map(type, site.values)), site.values)  # 1 and True are distinct values
             k = by_values.get(key)
             if k is None:
                 k = by_values[key] = len(fields)
@@ -525,6 +531,14 @@ class CompiledSchema:
                             found += config[0]._feed(config[1], piece[i:], value_start + piece[:i])
         return found
 
+    def _feasible(self, matcher: Any, data: bytes, before: bytes | bytearray) -> bool:
+        """Whether ``data`` can follow a structural configuration (the masks' question:
+        :meth:`_feed` without building every reading)."""
+        if matcher.accept_string(data):
+            matcher.rollback(1)
+            return True
+        return bool(self._feed(matcher, data, before))
+
     def _token(self, config: _Config, token: int, data: bytes | None, before: bytes | bytearray) -> list[_Config]:
         """Configurations after ``token`` from ``config`` (never modifies its matcher)."""
         _, matcher, k, node, value_start, cache = config
@@ -570,11 +584,10 @@ class CompiledSchema:
                 buffer = scratch[0]
                 np.copyto(row, buffer[: support.width])
             lo, hi = support.pseudo_words
-            pseudo = buffer[lo:hi]
-            if pseudo.any():
-                words = pseudo.tolist()
+            words = buffer[lo:hi].tolist()
+            if any(words):  # some structural prefix can be followed by a value: which fields?
                 if support.inline:
-                    pseudo &= support.pseudo_keep
+                    buffer[lo:hi] &= support.pseudo_keep
                 for w, bits in enumerate(words):
                     bits &= 0xFFFFFFFF
                     while bits:
@@ -583,7 +596,8 @@ class CompiledSchema:
                         if 0 <= prefix_id < len(support.prefixes):
                             self._fill_entries(matcher, prefix_id, row, before)
                         bits ^= low
-                row[support.control_words] &= support.control_clear
+                for word, keep in support.control_pairs:
+                    row[word] &= keep
             return
         field = self._fields[k]
         field.automaton.fill_bitmask(row.reshape(1, -1), (node,))
@@ -636,7 +650,7 @@ class CompiledSchema:
             verdict = cache.get((rest, key))
             if verdict is None:  # configurations are never modified: _feed forks
                 verdict = cache[(rest, key)] = any(
-                    c[0]._feed(c[1], rest, value_start + data[:end]) for c in after_configs
+                    c[0]._feasible(c[1], rest, value_start + data[:end]) for c in after_configs
                 )
             if verdict:
                 _set_bits(row, np.array([token]))
@@ -665,7 +679,7 @@ class CompiledSchema:
                 entered.accept_string(prefix + field.sentinel)
                 value_start = bytes(before) + prefix
                 after = self._exit(entered, k, node, value_start)
-                if any(c[0]._feed(c[1], data[end:], value_start + data[start:end]) for c in after):
+                if any(c[0]._feasible(c[1], data[end:], value_start + data[start:end]) for c in after):
                     _set_bits(row, np.array([token]))
 
 
@@ -689,7 +703,7 @@ class SchemaMatcher:
     the parsed JSON once the output is complete.
     """
 
-    __slots__ = ("_configs", "_history", "_output", "_schema", "_scratch")
+    __slots__ = ("_configs", "_history", "_output", "_schema", "_scratch", "_scratch_width")
 
     def __init__(self, schema: CompiledSchema, *, max_rollback: int = 16) -> None:
         if not isinstance(schema, CompiledSchema):
@@ -703,6 +717,7 @@ class SchemaMatcher:
         self._history: deque[tuple[list[_Config], int, Any]] = deque(maxlen=max_rollback)
         self._output = bytearray()
         self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
+        self._scratch_width = schema._support.width
 
     @property
     def schema(self) -> CompiledSchema:
@@ -816,6 +831,7 @@ class SchemaMatcher:
         )
         clone._output = bytearray(self._output)
         clone._scratch = np.zeros_like(self._scratch)
+        clone._scratch_width = self._scratch_width
         return clone
 
     def is_terminated(self) -> bool:
@@ -832,6 +848,18 @@ class SchemaMatcher:
     def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
         """Overwrite row ``row`` of ``bitmask`` (int32, ``(batch, ceil(vocab_size / 32))``,
         numpy or CPU torch) with the mask of the next token."""
+        if (  # the per-step path: as_bitmask_array's checks, inlined
+            type(bitmask) is np.ndarray
+            and bitmask.dtype == np.int32
+            and bitmask.ndim == 2
+            and bitmask.shape[1] == self._scratch_width
+            and bitmask.flags.c_contiguous
+            and bitmask.flags.writeable
+            and type(row) is int
+            and 0 <= row < bitmask.shape[0]
+        ):
+            self._fill(bitmask[row])
+            return
         array = as_bitmask_array(bitmask, self._schema.vocab_size)
         row = integer(row, "row", StateError, "an integer")
         if not 0 <= row < array.shape[0]:

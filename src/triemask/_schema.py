@@ -43,6 +43,7 @@ _ONE = (
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 # Keywords that only annotate: a branch {"const": x, "description": ...} is still a plain const.
+_NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\x7f]')
 _ANNOTATIONS = frozenset({"title", "description", "examples", "default", "deprecated", "$comment", "readOnly"})
 
 
@@ -95,8 +96,13 @@ def _is_scalar(value: Any) -> bool:
 
 
 def _check_values(values: list[Any], path: str) -> None:
+    try:  # one encode for the common case
+        "".join(value for value in values if type(value) is str).encode("utf-8")
+        strings_ok = True
+    except UnicodeEncodeError:
+        strings_ok = False
     for i, value in enumerate(values):
-        if isinstance(value, str):
+        if isinstance(value, str) and not strings_ok:
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError as exc:
@@ -147,6 +153,8 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
     seen: dict[int, str] = {}
 
     def distinct(values: list[Any]) -> tuple[Any, ...]:
+        if all(type(value) is str for value in values):
+            return tuple(dict.fromkeys(values))
         unique: dict[str, Any] = {}
         for value in values:  # 1 and 1.0 are one JSON value; True and 1 are not
             unique.setdefault(json.dumps(value, sort_keys=True) + type(value).__name__[:1], value)
@@ -198,7 +206,10 @@ def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
     others: list[Any] = []
     for value in values:
         if isinstance(value, str):
-            texts.append(json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f").encode("utf-8"))
+            if _NEEDS_ESCAPE.search(value) is None:  # most values: the text is the value in quotes
+                texts.append(f'"{value}"'.encode())
+            else:
+                texts.append(json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f").encode("utf-8"))
         else:
             texts.append(None)
             others.append(value)

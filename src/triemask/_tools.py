@@ -99,9 +99,11 @@ class CompiledTools(CompiledSchema):
         started = time.perf_counter()
         self._tools = read_tools(tools)
         names = [name for name, _ in self._tools]
+        # Only the text up to the end of the name is ever decoded with this grammar (then
+        # the chosen tool's own grammar takes over), so "arguments" gets the cheapest schema.
         shape = {
             "type": "object",
-            "properties": {"name": {"enum": names}, "arguments": {}},
+            "properties": {"name": {"enum": names}, "arguments": {"type": "null"}},
             "required": ["name", "arguments"],
         }
         super().__init__(

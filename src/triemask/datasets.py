@@ -24,6 +24,7 @@ __all__ = [
     "load_tool_registry",
     "synthetic_products",
     "synthetic_tools",
+    "tool_specs",
 ]
 
 LABEL_SETS = ("trec", "massive", "banking77", "clinc150")
@@ -315,6 +316,62 @@ def load_icd10cm_descriptions() -> dict[str, str]:
 def load_tool_registry() -> list[str]:
     """The demo's registry of 10,000 tool names (``synthetic_tools(10_000, seed=0)``, shipped as data)."""
     return gzip.decompress(_read("tool_registry_10k.txt.gz")).decode("ascii").split()
+
+
+_UNITS = ["metric", "imperial", "kelvin"]
+_PRIORITIES = ["low", "normal", "high", "urgent"]
+_FORMATS = ["json", "csv", "markdown", "html", "pdf", "xml", "yaml", "txt"]
+_REGIONS = [
+    f"{area}-{side}-{n}"
+    for area in ("us", "eu", "ap", "sa", "me", "af")
+    for side in ("east", "west", "central")
+    for n in (1, 2)
+]
+
+
+def tool_specs(names: list[str]) -> list[dict[str, object]]:
+    """OpenAI-style function specs for tool ``names``, with small argument schemas.
+
+    Each tool's ``parameters`` follow from its action and resource (``get_user``:
+    an id; ``search_*``: a query, a limit and an output format; ``send_*``: a
+    recipient, a text and a priority; ...), so tools share parameter schemas the way
+    real registries do; several have enum fields (priority, format, region, units).
+    """
+    specs: list[dict[str, object]] = []
+    for name in names:
+        action, _, resource = name.rsplit(".", 1)[-1].partition("_")
+        resource = resource.split("_v")[0]
+        properties: dict[str, object] = {f"{resource}_id": {"type": "string"}}
+        required = [f"{resource}_id"]
+        if action in ("search", "list"):
+            properties = {
+                "query": {"type": "string"},
+                "limit": {"type": "integer"},
+                "format": {"enum": _FORMATS},
+            }
+            required = ["query"]
+        elif action in ("send", "create"):
+            properties = {"text": {"type": "string"}, "priority": {"enum": _PRIORITIES}, "region": {"enum": _REGIONS}}
+            required = ["text", "priority"]
+        elif action in ("update", "upload"):
+            properties[f"{resource}_id"] = {"type": "string"}
+            properties["fields"] = {
+                "type": "object",
+                "properties": {"name": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}},
+            }
+        elif action == "fetch":
+            properties["units"] = {"enum": _UNITS}
+        specs.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": f"{action.capitalize()} a {resource.replace('_', ' ')}",
+                    "parameters": {"type": "object", "properties": properties, "required": required},
+                },
+            }
+        )
+    return specs
 
 
 def load_test_set(name: str) -> list[dict[str, str]]:

@@ -1,0 +1,545 @@
+"""Mixed schemas: triemask's compile_json_schema / compile_tools against xgrammar's
+compile_json_schema of the same schema and llguidance's JSON, side by side.
+
+    python -m benchmarks schemas [--quick] [--out benchmarks/results]
+
+Qwen2.5 vocabulary (151,936), compact JSON (``any_whitespace=False``). Measured:
+
+* compile time (triemask: a fresh compile; the per-vocabulary preparation it shares
+  between schemas is reported once, apart);
+* per step, fill one bitmask row + accept the token, along the natural tokenization
+  of a JSON instance, split into steps inside an enum value and outside (median
+  over steps of the median over repeats), with the bare set's per step for the same
+  values as the yardstick inside;
+* batch fill at B = 128 (matchers at the states of 128 instances' walks);
+* mask differences from xgrammar's whole-schema language along random walks, every
+  differing token judged by xgrammar's ``accept_token`` (tests/test_schemas.py).
+
+xgrammar compiles of large schemas run in a child process under a timeout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from triemask import Compiler, Matcher, SchemaMatcher, Vocabulary, fill_next_token_bitmasks
+from triemask.datasets import load_icd10cm, load_tool_registry, synthetic_products, synthetic_tools, tool_specs
+
+from . import vocabs
+
+VOCAB = "qwen2.5"
+OPTIONS = {"any_whitespace": False}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- schemas and instances ------------------------------------------------------------------------
+
+
+def tool_call_schema(names: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"enum": names},
+            "arguments": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query"],
+            },
+        },
+        "required": ["name", "arguments"],
+    }
+
+
+def classification_schema(labels: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"label": {"enum": labels}, "confidence": {"type": "number"}, "why": {"type": "string"}},
+        "required": ["label", "confidence"],
+    }
+
+
+def entity_schema(ids: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "mention": {"type": "string"},
+            "entity": {"enum": ids},
+            "kind": {"enum": ["disease", "symptom", "procedure"]},
+        },
+        "required": ["mention", "entity", "kind"],
+    }
+
+
+def instances(kind: str, values: list[str], n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    picked = [rng.choice(values) for _ in range(n)]
+    if kind == "tool":
+        return [{"name": v, "arguments": {"query": "weather in Paris today", "limit": 3}} for v in picked]
+    if kind == "classification":
+        return [{"label": v, "confidence": 0.87, "why": "the product matches the description"} for v in picked]
+    return [{"mention": "type 2 diabetes", "entity": v, "kind": "disease"} for v in picked]
+
+
+def tools_any_of(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "anyOf": [
+            {
+                "type": "object",
+                "properties": {"name": {"const": s["function"]["name"]}, "arguments": s["function"]["parameters"]},
+                "required": ["name", "arguments"],
+            }
+            for s in specs
+        ]
+    }
+
+
+def tool_instances(specs: list[dict[str, Any]], n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    made = []
+    for spec in rng.sample(specs, min(n, len(specs))):
+        arguments: dict[str, Any] = {}
+        for key, field in spec["function"]["parameters"]["properties"].items():
+            if "enum" in field:
+                arguments[key] = rng.choice(field["enum"])
+            elif field.get("type") == "integer":
+                arguments[key] = 10
+            elif field.get("type") == "string":
+                arguments[key] = "ab12"
+        made.append({"name": spec["function"]["name"], "arguments": arguments})
+    return made
+
+
+# --- engines ---------------------------------------------------------------------------------
+
+
+class Peers:
+    """xgrammar and llguidance on the benchmark's vocabulary."""
+
+    def __init__(self, vocab: Vocabulary) -> None:
+        import llguidance
+        import llguidance.numpy
+        import xgrammar
+
+        from .peers import _ByteTokenizer
+
+        self.xgr = xgrammar
+        self.ll = llguidance
+        self.ll_numpy = llguidance.numpy
+        # special tokens as empty strings: xgrammar never allows them (a placeholder text
+        # would be allowed inside JSON strings, and the masks would differ for that alone)
+        encoded = [vocab.token_bytes(i) or b"" for i in range(len(vocab))]
+        info = xgrammar.TokenizerInfo(
+            encoded, xgrammar.VocabType.RAW, vocab_size=vocab.vocab_size, stop_token_ids=list(vocab.eos_token_ids)
+        )
+        self.xgr_compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
+        self.ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokenizer(vocab)))
+        self.executor = llguidance.LLExecutor()
+
+    def xgrammar(self, schema: dict[str, Any]) -> Any:
+        return self.xgr_compiler.compile_json_schema(json.dumps(schema), **OPTIONS)
+
+    def llguidance(self, schema: dict[str, Any]) -> Any:
+        grammar = self.ll.LLMatcher.grammar_from_json_schema(
+            json.dumps(schema), defaults={"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+        )
+        matcher = self.ll.LLMatcher(self.ll_tokenizer, grammar)
+        if matcher.is_error():
+            raise RuntimeError(matcher.get_error())
+        return grammar
+
+
+def median_time(fn: Callable[[], object], repeats: int, budget: float = 20.0) -> float:
+    times: list[float] = []
+    started = time.perf_counter()
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if time.perf_counter() - started > budget:
+            break
+    return statistics.median(times)
+
+
+def xgrammar_in_child(schema: dict[str, Any], timeout: float, out: Path) -> float | str:
+    """xgrammar's compile of ``schema`` in a fresh process, or "timeout"."""
+    path = out / ".schema-for-xgrammar.json"
+    path.write_text(json.dumps(schema))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.schemas", "--xgrammar-compile", str(path)],
+            capture_output=True,
+            text=True,
+            timeout=timeout + 60,  # start-up: imports and the vocabulary
+        )
+    except subprocess.TimeoutExpired:
+        return "timeout"
+    finally:
+        path.unlink(missing_ok=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        return f"error: {(done.stderr.strip().splitlines() or ['?'])[-1][:120]}"
+    seconds = float(lines[-1])
+    return seconds if seconds <= timeout else "timeout"
+
+
+# --- measurements ----------------------------------------------------------------------------
+
+
+def walk_tokens(loaded: vocabs.LoadedVocabulary, made: list[dict[str, Any]]) -> list[list[int]]:
+    assert loaded.encode is not None
+    texts = [json.dumps(m, ensure_ascii=False) for m in made]
+    return loaded.encode(texts)
+
+
+def per_step(
+    compiled: Any, xgr_compiled: Any, ll_grammar: Any, peers: Peers, vocab: Vocabulary, walks: list[list[int]], repeats: int
+) -> dict[str, Any]:
+    """Per-step fill + accept along ``walks``, inside and outside enum values."""
+    width = (vocab.vocab_size + 31) // 32
+    row = np.zeros((1, width), dtype=np.int32)
+    eos = vocab.eos_token_ids[0]
+    samples: dict[str, dict[str, list[float]]] = {"inside": {}, "outside": {}}
+    for tokens in walks:
+        tokens = [*tokens, eos]
+        inside: list[bool] = []
+        probe = Matcher(compiled)
+        for token in tokens:
+            inside.append(any(c[2] >= 0 for c in probe._configs))
+            assert probe.accept_token(token), (probe.text, token)
+        runs: dict[str, list[list[float]]] = {"triemask": [], "xgrammar": [], "llguidance": []}
+        for _ in range(repeats):
+            matcher = Matcher(compiled)
+            times = []
+            for token in tokens:
+                t0 = time.perf_counter()
+                matcher.fill_next_token_bitmask(row)
+                matcher.accept_token(token)
+                times.append(time.perf_counter() - t0)
+            runs["triemask"].append(times)
+            if xgr_compiled is not None:
+                xm = peers.xgr.GrammarMatcher(xgr_compiled)
+                times = []
+                for token in tokens:
+                    t0 = time.perf_counter()
+                    xm.fill_next_token_bitmask(row)
+                    xm.accept_token(token)
+                    times.append(time.perf_counter() - t0)
+                runs["xgrammar"].append(times)
+            if ll_grammar is not None:
+                lm = peers.ll.LLMatcher(peers.ll_tokenizer, ll_grammar)
+                times = []
+                for token in tokens:
+                    t0 = time.perf_counter()
+                    peers.ll_numpy.fill_next_token_bitmask(lm, row, 0)
+                    lm.consume_token(token)
+                    times.append(time.perf_counter() - t0)
+                runs["llguidance"].append(times)
+        for engine, measured in runs.items():
+            if not measured:
+                continue
+            for step, flag in enumerate(inside):
+                samples["inside" if flag else "outside"].setdefault(engine, []).append(
+                    statistics.median(r[step] for r in measured)
+                )
+    return {
+        where: {engine: {"median_us": statistics.median(v) * 1e6, "steps": len(v)} for engine, v in by_engine.items()}
+        for where, by_engine in samples.items()
+    }
+
+
+def bare_set_per_step(compiler: Compiler, texts: list[bytes], loaded: vocabs.LoadedVocabulary, repeats: int) -> float:
+    """The bare set's fill + next_state for the same values (their JSON text, eos=False)."""
+    automaton = compiler.compile(texts, eos=False)
+    vocab = loaded.vocab
+    row = np.zeros((1, (vocab.vocab_size + 31) // 32), dtype=np.int32)
+    assert loaded.encode is not None
+    times = []
+    for tokens in loaded.encode([t.decode() for t in texts[:20]]):
+        for _ in range(repeats):
+            state = automaton.initial_state
+            for token in tokens:
+                t0 = time.perf_counter()
+                automaton.fill_bitmask(row, (state,))
+                state = automaton.next_state(state, token)
+                times.append(time.perf_counter() - t0)
+            assert automaton.is_accepting(state)
+    return statistics.median(times) * 1e6
+
+
+def batch_fill(compiled: Any, xgr_compiled: Any, peers: Peers, vocab: Vocabulary, walks: list[list[int]], repeats: int) -> dict[str, float]:
+    """Fill B = 128 rows, the matchers at states along the walks."""
+    rng = random.Random(5)
+    width = (vocab.vocab_size + 31) // 32
+    bitmask = np.zeros((128, width), dtype=np.int32)
+    ours, theirs = [], []
+    for i in range(128):
+        tokens = walks[i % len(walks)]
+        cut = rng.randrange(len(tokens))
+        matcher = Matcher(compiled)
+        assert matcher.accept_tokens(tokens[:cut]) == cut
+        ours.append(matcher)
+        if xgr_compiled is not None:
+            xm = peers.xgr.GrammarMatcher(xgr_compiled)
+            for token in tokens[:cut]:
+                xm.accept_token(token)
+            theirs.append(xm)
+    found = {"triemask_us": median_time(lambda: fill_next_token_bitmasks(ours, bitmask), repeats) * 1e6}
+    if theirs:
+        batcher = peers.xgr.BatchGrammarMatcher()
+        found["xgrammar_us"] = median_time(lambda: batcher.batch_fill_next_token_bitmask(theirs, bitmask), repeats) * 1e6
+    return found
+
+
+def mismatches(compiled: Any, xgr_compiled: Any, peers: Peers, vocab: Vocabulary, walks: int, seed: int) -> dict[str, int]:
+    """Tokens where triemask's mask and the whole schema's language (xgrammar's
+    accept_token) disagree, along random walks biased to tokens holding quotes."""
+    rng = random.Random(seed)
+    width = (vocab.vocab_size + 31) // 32
+    row = np.zeros((1, width), dtype=np.int32)
+    bad = steps = 0
+    for _ in range(walks):
+        ours, theirs = Matcher(compiled), peers.xgr.GrammarMatcher(xgr_compiled)
+        for _ in range(60):
+            allowed = set(ours.allowed_token_ids().tolist())
+            theirs.fill_next_token_bitmask(row)
+            bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: vocab.vocab_size]
+            for token in allowed ^ set(np.flatnonzero(bits).tolist()):
+                bad += (token in allowed) != theirs.fork().accept_token(token)
+            steps += 1
+            if not allowed:
+                break
+            quoted = [t for t in allowed if b'"' in (vocab.token_bytes(t) or b"")]
+            token = rng.choice(sorted(quoted if quoted and rng.random() < 0.5 else allowed))
+            ours.accept_token(token)
+            theirs.accept_token(token)
+            if ours.is_terminated():
+                break
+    return {"steps": steps, "differing_tokens": bad}
+
+
+# --- scenarios -------------------------------------------------------------------------------
+
+
+def scenario(
+    name: str,
+    compile_ours: Callable[[], Any],
+    schema: dict[str, Any],
+    made: list[dict[str, Any]],
+    loaded: vocabs.LoadedVocabulary,
+    peers: Peers,
+    options: argparse.Namespace,
+    enum_texts: list[bytes] | None,
+    compiler: Compiler,
+) -> dict[str, Any]:
+    log(f"{name}: compiling")
+    vocab = loaded.vocab
+    result: dict[str, Any] = {"name": name}
+    compiled = compile_ours()
+    result["triemask_compile_s"] = median_time(compile_ours, options.repeats)
+    result["triemask_memory_bytes"] = compiled.memory_bytes
+    size = len(json.dumps(schema))
+    if size < 400_000:  # in process: medians
+        xgr_compiled = peers.xgrammar(schema)
+        result["xgrammar_compile_s"] = median_time(lambda: peers.xgrammar(schema), options.repeats, budget=10)
+    else:
+        xgr_compiled = None
+        result["xgrammar_compile_s"] = xgrammar_in_child(schema, options.timeout, options.out)
+    try:
+        ll_grammar = peers.llguidance(schema)
+        result["llguidance_compile_s"] = median_time(lambda: peers.llguidance(schema), options.repeats, budget=10)
+    except Exception as exc:  # llguidance refuses large grammars with its default limits
+        ll_grammar = None
+        result["llguidance_compile_s"] = f"error: {str(exc).splitlines()[0][:120]}"
+    for peer in ("xgrammar", "llguidance"):
+        seconds = result[f"{peer}_compile_s"]
+        if isinstance(seconds, float):
+            result[f"compile_ratio_{peer}"] = seconds / result["triemask_compile_s"]
+    log(f"{name}: per step")
+    walks = walk_tokens(loaded, made)
+    result["per_step"] = per_step(compiled, xgr_compiled, ll_grammar, peers, vocab, walks, options.step_repeats)
+    if enum_texts is not None:
+        result["bare_set_per_step_us"] = bare_set_per_step(compiler, enum_texts, loaded, options.step_repeats)
+    result["batch_128"] = batch_fill(compiled, xgr_compiled, peers, vocab, walks, options.repeats)
+    if xgr_compiled is not None:
+        log(f"{name}: cross-check")
+        result["cross_check"] = mismatches(compiled, xgr_compiled, peers, vocab, options.walks, seed=1)
+    log(f"{name}: {summary_line(result)}")
+    return result
+
+
+def tool_pause(compiler: Compiler, specs: list[dict[str, Any]], loaded: vocabs.LoadedVocabulary) -> dict[str, float]:
+    """The fill at which a chosen tool's argument schema is compiled (empty cache), against
+    the same fill once it is cached."""
+    compiled = compiler.compile_tools(specs, **OPTIONS)
+    made = tool_instances(specs, 1, seed=3)[0]
+    (tokens,) = walk_tokens(loaded, [made])
+    row = np.zeros((1, (loaded.vocab.vocab_size + 31) // 32), dtype=np.int32)
+
+    def slowest_fill() -> float:
+        matcher = Matcher(compiled)
+        worst = 0.0
+        for token in tokens:
+            t0 = time.perf_counter()
+            matcher.fill_next_token_bitmask(row)
+            worst = max(worst, time.perf_counter() - t0)
+            matcher.accept_token(token)
+        return worst
+
+    cold = slowest_fill()
+    warm = slowest_fill()
+    return {"uncached_pause_ms": cold * 1e3, "cached_slowest_fill_ms": warm * 1e3}
+
+
+def summary_line(r: dict[str, Any]) -> str:
+    def fmt(x: Any) -> str:
+        return f"{x * 1e3:.1f} ms" if isinstance(x, float) else str(x)
+
+    inside = r["per_step"].get("inside", {})
+    outside = r["per_step"].get("outside", {})
+    parts = [
+        f"compile triemask {fmt(r['triemask_compile_s'])}, xgrammar {fmt(r['xgrammar_compile_s'])}, "
+        f"llguidance {fmt(r['llguidance_compile_s'])}"
+    ]
+    for where, by_engine in (("inside", inside), ("outside", outside)):
+        parts.append(f"{where}: " + ", ".join(f"{e} {v['median_us']:.1f} us" for e, v in by_engine.items()))
+    return "; ".join(parts)
+
+
+def run(options: argparse.Namespace) -> dict[str, Any]:
+    loaded = vocabs.load(VOCAB)
+    compiler = Compiler(loaded.vocab)
+    peers = Peers(loaded.vocab)
+    started = time.perf_counter()
+    compiler.compile_json_schema(tool_call_schema(synthetic_tools(64)), **OPTIONS)  # the shared preparation
+    results: dict[str, Any] = {"vocabulary": VOCAB, "options": OPTIONS, "preparation_s": time.perf_counter() - started}
+    scenarios: list[dict[str, Any]] = []
+
+    def json_scenario(name: str, schema: dict[str, Any], kind: str, values: list[str]) -> None:
+        texts = [json.dumps(v, ensure_ascii=False).encode() for v in values]
+        scenarios.append(
+            scenario(
+                name,
+                lambda: compiler.compile_json_schema(schema, **OPTIONS),
+                schema,
+                instances(kind, values, options.instances, seed=2),
+                loaded,
+                peers,
+                options,
+                texts,
+                compiler,
+            )
+        )
+
+    json_scenario("tool calling, K = 1,000", tool_call_schema(synthetic_tools(1_000)), "tool", synthetic_tools(1_000))
+    json_scenario("classification, K = 500", classification_schema(synthetic_products(500)), "classification", synthetic_products(500))
+    codes = load_icd10cm()[:5_000]
+    json_scenario("entity linking, K = 5,000", entity_schema(codes), "entity", codes)
+    for k in [10_000] if options.quick else [10_000, 100_000]:
+        names = synthetic_tools(k, seed=1)
+        json_scenario(f"enum in JSON, K = {k:,}", tool_call_schema(names), "tool", names)
+    registry = load_tool_registry()
+    for n in [100, 1_000] if options.quick else [100, 1_000, 10_000]:
+        specs = tool_specs(registry[:n])
+        schema = tools_any_of(specs)
+        scenarios.append(
+            scenario(
+                f"tools with arguments, {n:,} tools",
+                lambda specs=specs: compiler.compile_tools(specs, **OPTIONS),
+                schema,
+                tool_instances(specs, options.instances, seed=2),
+                loaded,
+                peers,
+                options,
+                None,
+                compiler,
+            )
+        )
+        scenarios[-1]["tool_pause"] = tool_pause(compiler, specs, loaded)
+    results["scenarios"] = scenarios
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    def fmt(x: Any) -> str:
+        if isinstance(x, float):
+            return f"{x * 1e3:,.1f} ms"
+        return str(x)
+
+    lines = [
+        "# Mixed schemas: triemask vs xgrammar and llguidance",
+        "",
+        f"Vocabulary {results['vocabulary']}, compact JSON; per-vocabulary preparation "
+        f"(once, shared by every schema): {results['preparation_s']:.2f} s. Ratios: peer / triemask.",
+        "",
+        "| scenario | triemask compile | xgrammar | llguidance | x xgrammar | inside enum: triemask / bare set / xgrammar / llguidance (us) | outside: triemask / xgrammar / llguidance (us) | batch 128: triemask / xgrammar (us) | differing tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results["scenarios"]:
+        inside, outside = r["per_step"].get("inside", {}), r["per_step"].get("outside", {})
+
+        def us(by: dict[str, Any], engine: str) -> str:
+            return f"{by[engine]['median_us']:.1f}" if engine in by else "-"
+
+        ratio = r.get("compile_ratio_xgrammar")
+        check = r.get("cross_check")
+        lines.append(
+            f"| {r['name']} | {fmt(r['triemask_compile_s'])} | {fmt(r['xgrammar_compile_s'])} | "
+            f"{fmt(r['llguidance_compile_s'])} | {f'{ratio:.0f}x' if ratio else '-'} | "
+            f"{us(inside, 'triemask')} / {r.get('bare_set_per_step_us', float('nan')):.1f} / {us(inside, 'xgrammar')} / {us(inside, 'llguidance')} | "
+            f"{us(outside, 'triemask')} / {us(outside, 'xgrammar')} / {us(outside, 'llguidance')} | "
+            f"{r['batch_128']['triemask_us']:.0f} / {r['batch_128'].get('xgrammar_us', float('nan')):.0f} | "
+            f"{check['differing_tokens'] if check else '-'} of {check['steps'] if check else '-'} steps |"
+        )
+    pauses = [(r["name"], r["tool_pause"]) for r in results["scenarios"] if "tool_pause" in r]
+    if pauses:
+        lines += ["", "Pause at the first argument token of a tool whose arguments were not compiled yet:", ""]
+        lines += [
+            f"- {name}: {p['uncached_pause_ms']:.1f} ms (slowest fill once cached: {p['cached_slowest_fill_ms']:.1f} ms)"
+            for name, p in pauses
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks schemas", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller sizes (a few minutes)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--step-repeats", type=int, default=5)
+    parser.add_argument("--instances", type=int, default=8)
+    parser.add_argument("--walks", type=int, default=6)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for one xgrammar compile in a child")
+    parser.add_argument("--xgrammar-compile", type=Path, help=argparse.SUPPRESS)
+    options = parser.parse_args(argv)
+    if options.xgrammar_compile:
+        loaded = vocabs.load(VOCAB)
+        peers = Peers(loaded.vocab)
+        schema = json.loads(options.xgrammar_compile.read_text())
+        t0 = time.perf_counter()
+        peers.xgrammar(schema)
+        print(time.perf_counter() - t0)
+        return
+    options.out.mkdir(parents=True, exist_ok=True)
+    results = run(options)
+    name = "schemas-quick" if options.quick else "schemas"
+    (options.out / f"{name}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (options.out / f"{name}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
