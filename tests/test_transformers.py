@@ -171,3 +171,93 @@ def test_default_model_loads_from_its_cache_and_chooses(tmp_path) -> None:  # ty
     labels = load_labels("trec")
     answers = triemask.choose(model, tokenizer, ["What is the capital of France?", "Who wrote Hamlet?"], labels)
     assert all(answer in labels for answer in answers)
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"enum": ["get", "get_user", "get_users", "g", "naïve 🦙", "Paris"]},
+        "count": {"type": "integer"},
+        "tags": {"type": "array", "items": {"enum": ["a", "ab", "b"]}, "maxItems": 2},
+    },
+    "required": ["name", "count", "tags"],
+}
+
+
+def _valid(answer: object) -> bool:
+    return (
+        isinstance(answer, dict)
+        and set(answer) == {"name", "count", "tags"}
+        and answer["name"] in SCHEMA["properties"]["name"]["enum"]  # type: ignore[index]
+        and isinstance(answer["count"], int)
+        and all(tag in ("a", "ab", "b") for tag in answer["tags"])
+    )
+
+
+@pytest.mark.parametrize("mode", ["greedy", "sample", "beam"])
+def test_schema_generation_is_always_valid(mode: str) -> None:
+    """A compiled JSON schema in the processor: every row ends as a valid instance."""
+    pytest.importorskip("xgrammar")
+    from triemask import SchemaMatcher
+
+    vocab = real_vocabulary("qwen2").vocab
+    compiled = real_compiler("qwen2").compile_json_schema(SCHEMA, any_whitespace=False, min_enum_values=2)
+    assert len(compiled.stats()["trie_fields"]) == 2
+    eos = list(vocab.eos_token_ids)
+    rng = np.random.default_rng(1)
+    options = {"greedy": {}, "sample": {"do_sample": True, "top_k": 0}, "beam": {"num_beams": 3}}[mode]
+    model = tiny_causal_lm(vocab.vocab_size, 3)
+    ids, mask = _prompts(rng, 3, len(vocab), pad=eos[0])
+    torch.manual_seed(0)
+    out = model.generate(  # type: ignore[attr-defined]
+        ids,
+        attention_mask=mask,
+        logits_processor=[TrieLogitsProcessor(compiled)],
+        max_new_tokens=120,
+        eos_token_id=eos,
+        pad_token_id=eos[0],
+        **options,
+    )
+    for row in out[:, ids.shape[1] :].tolist():
+        matcher = SchemaMatcher(compiled)
+        for token in row:
+            if token in eos:
+                break
+            assert matcher.accept_token(token), (mode, matcher.text, token)
+        # a random model may run out of tokens inside a free integer; what it wrote is a valid prefix
+        if matcher.value is not None:
+            assert _valid(matcher.value), matcher.value
+
+
+def test_generate_json_returns_valid_objects() -> None:
+    pytest.importorskip("xgrammar")
+    import triemask
+
+    tokenizer = byte_level_tokenizer()
+    schema = {
+        "type": "object",
+        "properties": {"name": {"enum": ["get", "get_user", "get_users", "g", "Paris"]}, "ok": {"type": "boolean"}},
+        "required": ["name", "ok"],
+    }
+    tools = [
+        {
+            "name": "get_user",
+            "parameters": {"type": "object", "properties": {"id": {"enum": ["a", "b"]}}, "required": ["id"]},
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "get",
+                "parameters": {"type": "object", "properties": {"flag": {"type": "boolean"}}, "required": ["flag"]},
+            },
+        },
+    ]
+    prompts = ["Which tool?", "x", "A longer question about which function to call first"]
+    for seed in range(2):
+        model = tiny_causal_lm(len(tokenizer), seed)  # type: ignore[arg-type]
+        answers = triemask.generate_json(model, tokenizer, prompts, schema, batch_size=2, max_new_tokens=60)
+        assert all(a["name"] in schema["properties"]["name"]["enum"] and isinstance(a["ok"], bool) for a in answers)  # type: ignore[index]
+        calls = triemask.generate_json(model, tokenizer, prompts, tools, max_new_tokens=60)
+        for call in calls:
+            assert call["name"] in ("get_user", "get")
+            assert call["arguments"] in ({"id": "a"}, {"id": "b"}, {"flag": True}, {"flag": False})

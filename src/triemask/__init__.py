@@ -38,8 +38,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> object:
-    # choose and load_default_model need torch and transformers: imported on first use.
-    if name in ("choose", "load_default_model"):
+    # choose, generate_json and load_default_model need torch and transformers: imported on first use.
+    if name in ("choose", "generate_json", "load_default_model"):
         from .integrations import transformers
 
         return getattr(transformers, name)

@@ -24,8 +24,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .._automaton import DEAD, TrieAutomaton
+from .._bitmask import allocate_token_bitmask
 from .._compile import Compiler
 from .._errors import ArgumentTypeError, BitmaskError, StateError, VocabularyError
+from .._mixed import CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
 from .._vocabulary import Vocabulary
 
 try:
@@ -37,7 +39,7 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "pip install torch==2.13.0 'triemask[transformers]'"
     ) from error
 
-__all__ = ["DEFAULT_MODEL", "TrieLogitsProcessor", "choose", "compiler_for", "load_default_model"]
+__all__ = ["DEFAULT_MODEL", "TrieLogitsProcessor", "choose", "compiler_for", "generate_json", "load_default_model"]
 
 
 def _extends(ids: npt.NDArray[np.int64], previous: npt.NDArray[np.int64]) -> bool:
@@ -54,10 +56,15 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
     row's generated text a prefix of a value of ``automaton`` (and EOS once a value
     is complete).
 
+    With a :class:`~triemask.CompiledSchema` (a JSON schema or a tool list) instead,
+    every row's text stays a prefix of an instance of the schema: each row keeps a
+    :class:`~triemask.SchemaMatcher`, advanced by the row's new token (copied when beam
+    search reorders rows), and the rows' masks are filled in one call.
+
     Parameters
     ----------
-    automaton : TrieAutomaton
-        The compiled set; its ``vocab_size`` must not exceed the model's logits width.
+    automaton : TrieAutomaton or CompiledSchema
+        The compiled set (or schema); its ``vocab_size`` must not exceed the model's logits width.
     prompt_length : int, optional
         Where generation starts in ``input_ids`` (the padded prompt length). By
         default the length seen at the first call; a call that does not extend the
@@ -78,9 +85,12 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         Time spent in those calls: deriving the row states and masking the logits.
     """
 
-    def __init__(self, automaton: TrieAutomaton, *, prompt_length: int | None = None) -> None:
-        if not isinstance(automaton, TrieAutomaton):
-            raise ArgumentTypeError(f"TrieLogitsProcessor needs a TrieAutomaton, got {type(automaton).__qualname__}")
+    def __init__(self, automaton: TrieAutomaton | CompiledSchema, *, prompt_length: int | None = None) -> None:
+        if not isinstance(automaton, TrieAutomaton | CompiledSchema):
+            raise ArgumentTypeError(
+                f"TrieLogitsProcessor needs a TrieAutomaton or a CompiledSchema, got {type(automaton).__qualname__}"
+            )
+        self._matchers: list[SchemaMatcher | None] = []  # per row, with a CompiledSchema
         if not automaton.eos_token_ids:
             raise VocabularyError("the automaton's vocabulary has no EOS token ids: generation could never stop")
         self.automaton = automaton
@@ -88,20 +98,22 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         self._start = prompt_length if prompt_length is not None else -1
         self._previous: npt.NDArray[np.int64] | None = None  # the previous call's input_ids
         self._states: npt.NDArray[np.int64] | None = None  # the states the previous call's rows reached
+        self._tracked = False  # whether the previous call's rows were followed to their states
         self._eos = np.asarray(automaton.eos_token_ids, dtype=np.int64)
         self.steps = 0
         self.mask_seconds = 0.0
 
-    def states(self, input_ids: Any) -> npt.NDArray[np.int64]:
-        """The automaton state of every row of ``input_ids`` (batch, sequence length)."""
+    def _rows(self, input_ids: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None, bool]:
+        """Every row's tokens, the previous call's rows, and whether each row is the
+        previous call's row of the same index plus one token."""
         length = int(input_ids.shape[1])
         ids = input_ids.detach().cpu().numpy().astype(np.int64, copy=False)
-        previous, states = self._previous, self._states
-        self._previous = ids.copy()
+        previous, tracked = self._previous, self._tracked
+        self._previous, self._tracked = ids.copy(), False
         # the previous call's rows, in the same order, each one token longer: one step on
         in_order = (
             previous is not None
-            and states is not None
+            and tracked
             and previous.shape == (ids.shape[0], length - 1)
             and np.array_equal(ids[:, :-1], previous)
         )
@@ -109,24 +121,61 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
             self._start = length  # a new generation (not merely rows reordered by beam search)
         if not 0 <= self._start <= length:
             raise StateError(f"prompt_length={self._start} is outside input_ids of length {length}")
+        return ids, previous, in_order
+
+    def states(self, input_ids: Any) -> npt.NDArray[np.int64]:
+        """The automaton state of every row of ``input_ids`` (batch, sequence length)."""
+        if not isinstance(self.automaton, TrieAutomaton):
+            raise ArgumentTypeError("states() is for a TrieAutomaton; a CompiledSchema keeps SchemaMatcher rows")
+        ids, _, in_order = self._rows(input_ids)
         generated = ids[:, self._start :]
+        states = self._states
         if in_order and states is not None and generated.shape[1]:
             states = self._advance(states, generated[:, -1])
         else:  # a new generation, or rows reordered: walk every row from the start
             states = np.full(generated.shape[0], self.automaton.initial_state, dtype=np.int64)
             for column in generated.T:
                 states = self._advance(states, column)
-        self._states = states
+        self._states, self._tracked = states, True
         return states
+
+    def matchers(self, input_ids: Any) -> list[SchemaMatcher | None]:
+        """With a CompiledSchema: every row's matcher (None for a row a token outside
+        the schema was forced into)."""
+        if not isinstance(self.automaton, CompiledSchema):
+            raise ArgumentTypeError("matchers() is for a CompiledSchema; a TrieAutomaton has integer states")
+        ids, previous, in_order = self._rows(input_ids)
+        generated = ids[:, self._start :]
+        found: list[SchemaMatcher | None]
+        if in_order and generated.shape[1]:  # one token on, in place
+            found = [_step(matcher, int(token)) for matcher, token in zip(self._matchers, generated[:, -1], strict=True)]
+        elif previous is not None and generated.shape[1] and _extends(ids, previous):
+            # beam search reordered (or repeated) rows: copy the matcher of each row's parent
+            parents = {row.tobytes(): i for i, row in enumerate(previous)}
+            found = []
+            for row in ids:
+                parent = self._matchers[parents[row[:-1].tobytes()]]
+                found.append(_step(None if parent is None else parent.copy(), int(row[-1])))
+        else:  # a new generation: every row from the start
+            found = []
+            for row in generated:
+                matcher: SchemaMatcher | None = SchemaMatcher(self.automaton)
+                for token in row.tolist():
+                    matcher = _step(matcher, token)
+                found.append(matcher)
+        self._matchers, self._tracked = found, True
+        return found
 
     def _ended(self, states: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Rows that are final (EOS emitted) or dead: nothing of the set can follow."""
+        assert isinstance(self.automaton, TrieAutomaton)
         ended: npt.NDArray[np.bool_] = (states == DEAD) | (states >= self.automaton.num_nodes)
         return ended
 
     def _advance(self, states: npt.NDArray[np.int64], tokens: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """One token for every row; a finished (final) or dead row stays as it is."""
         stays = self._ended(states)
+        assert isinstance(self.automaton, TrieAutomaton)
         following = self.automaton.next_states(np.where(stays, DEAD, states), tokens).astype(np.int64)
         return np.where(stays, states, following)
 
@@ -138,6 +187,11 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
                 f"the automaton has vocab_size={self.automaton.vocab_size} but the logits have only {width} "
                 "columns: build the Vocabulary with the model's vocab_size"
             )
+        if isinstance(self.automaton, CompiledSchema):
+            masked = self._mask_schema_rows(input_ids, scores)
+            self.steps += 1
+            self.mask_seconds += time.perf_counter() - started
+            return masked
         states = self.states(input_ids)
         if len(states) != batch:
             raise BitmaskError(f"input_ids has {len(states)} rows but scores has {batch}")
@@ -153,6 +207,31 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         self.steps += 1
         self.mask_seconds += time.perf_counter() - started
         return masked
+
+
+    def _mask_schema_rows(self, input_ids: Any, scores: Any) -> Any:
+        matchers = self.matchers(input_ids)
+        batch, width = int(scores.shape[0]), int(scores.shape[-1])
+        if len(matchers) != batch:
+            raise BitmaskError(f"input_ids has {len(matchers)} rows but scores has {batch}")
+        bitmask = allocate_token_bitmask(batch, self.automaton.vocab_size)
+        bitmask[:] = 0
+        live = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
+        fill_next_token_bitmasks([matchers[i] for i in live], bitmask, rows=live)  # type: ignore[misc]
+        allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : self.automaton.vocab_size]
+        ended = np.setdiff1d(np.arange(batch), np.asarray(live, dtype=np.int64))
+        allowed[np.repeat(ended, len(self._eos)), np.tile(self._eos, len(ended))] = 1  # finished rows: EOS only
+        keep = torch.zeros((batch, width), dtype=torch.bool)
+        keep[:, : self.automaton.vocab_size] = torch.from_numpy(allowed.astype(bool))
+        return scores.masked_fill(~keep.to(scores.device), float("-inf"))
+
+
+def _step(matcher: SchemaMatcher | None, token: int) -> SchemaMatcher | None:
+    """``matcher`` after ``token``: a finished row stays finished (padding follows EOS),
+    a rejected token ends the row (None)."""
+    if matcher is None or matcher.is_terminated():
+        return matcher
+    return matcher if matcher.accept_token(token) else None
 
 
 _COMPILERS: dict[str, Compiler] = {}  # per vocabulary fingerprint: the index is built once
@@ -212,14 +291,7 @@ def choose(
     answers: list[str] = []
     for first in range(0, len(prompts), batch_size):
         batch = [_render(tokenizer, prompt, system) for prompt in prompts[first : first + batch_size]]
-        templated = getattr(tokenizer, "chat_template", None) is not None
-        side = tokenizer.padding_side
-        tokenizer.padding_side = "left"
-        try:
-            encoded = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not templated)
-        finally:
-            tokenizer.padding_side = side
-        encoded = encoded.to(model.device)
+        encoded = _encode_left_padded(tokenizer, batch).to(model.device)
         start = int(encoded["input_ids"].shape[1])
         processors = LogitsProcessorList([*extra, TrieLogitsProcessor(automaton, prompt_length=start)])
         output = model.generate(
@@ -234,6 +306,92 @@ def choose(
                 )
             answers.append(value[1:] if leading_space and value not in members else value)
     return answers
+
+
+def generate_json(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    schema_or_tools: Any,
+    *,
+    system: str | None = None,
+    batch_size: int = 8,
+    max_new_tokens: int = 256,
+    any_whitespace: bool = False,
+    **generate_kwargs: Any,
+) -> list[Any]:
+    """Ask ``model`` each prompt and return, for each, a parsed JSON object valid for
+    ``schema_or_tools``.
+
+    Parameters
+    ----------
+    model, tokenizer
+        A transformers causal LM and its tokenizer.
+    prompts : list of str
+        User messages (the chat template is applied as in :func:`choose`).
+    schema_or_tools : dict, str, pydantic model class, list of tool specs, or CompiledSchema
+        A JSON schema, or OpenAI-style function specs (the output is then
+        ``{"name": ..., "arguments": ...}``), or one compiled already.
+    max_new_tokens : int
+        The budget per answer; an answer not complete within it raises.
+    any_whitespace : bool
+        Allow free whitespace between JSON tokens (default: xgrammar's compact layout).
+    **generate_kwargs
+        Passed to ``model.generate`` (greedy by default).
+
+    Returns
+    -------
+    list
+        One parsed object per prompt, in order.
+    """
+    if isinstance(prompts, str):
+        raise ArgumentTypeError("prompts must be a list of strings; wrap a single prompt in a list")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+    compiled = schema_or_tools
+    if not isinstance(compiled, CompiledSchema):
+        compiler = compiler_for(model, tokenizer)
+        if isinstance(compiled, list):
+            compiled = compiler.compile_tools(compiled, any_whitespace=any_whitespace)
+        else:
+            compiled = compiler.compile_json_schema(compiled, any_whitespace=any_whitespace)
+    eos = _eos_token_ids(model, tokenizer)
+    options: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens}
+    options.update(generate_kwargs)
+    extra = list(options.pop("logits_processor", None) or [])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    answers: list[Any] = []
+    for first in range(0, len(prompts), batch_size):
+        batch = [_render(tokenizer, prompt, system) for prompt in prompts[first : first + batch_size]]
+        encoded = _encode_left_padded(tokenizer, batch).to(model.device)
+        start = int(encoded["input_ids"].shape[1])
+        processors = LogitsProcessorList([*extra, TrieLogitsProcessor(compiled, prompt_length=start)])
+        output = model.generate(
+            **encoded, logits_processor=processors, eos_token_id=list(eos), pad_token_id=pad, **options
+        )
+        for offset, row in enumerate(output[:, start:].tolist()):
+            matcher = SchemaMatcher(compiled)
+            for token in row:
+                if token in eos or not matcher.accept_token(token):
+                    break
+            if matcher.value is None:
+                raise RuntimeError(
+                    f"generation for prompt {first + offset} stopped before the JSON was complete "
+                    f"(max_new_tokens={options['max_new_tokens']}): raise max_new_tokens; text so far "
+                    f"{matcher.text[:200]!r}"
+                )
+            answers.append(matcher.value)
+    return answers
+
+
+def _encode_left_padded(tokenizer: Any, batch: list[str]) -> Any:
+    templated = getattr(tokenizer, "chat_template", None) is not None
+    side = tokenizer.padding_side
+    tokenizer.padding_side = "left"
+    try:
+        return tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not templated)
+    finally:
+        tokenizer.padding_side = side
 
 
 def compiler_for(model: Any, tokenizer: Any) -> Compiler:
