@@ -34,12 +34,16 @@ import numpy as np
 
 from .._automaton import TrieAutomaton
 from .._compile import Compiler
+from .._mixed import CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
 from .._vocabulary import Vocabulary
 
 logger = logging.getLogger("triemask")
 
 VALUES_ARG = "triemask_values"
 SET_ARG = "triemask_set"
+SCHEMA_ARG = "triemask_json_schema"  # a JSON schema (object or JSON text): enum fields in tries
+TOOLS_ARG = "triemask_tools"  # OpenAI-style function specs: {"name": ..., "arguments": ...}
+_ARGS = (VALUES_ARG, SET_ARG, SCHEMA_ARG, TOOLS_ARG)
 SETS_ENV = "TRIEMASK_SETS"  # a file (one set) or a folder of *.txt files (one set each)
 CACHE_BYTES_ENV = "TRIEMASK_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 1 << 30
@@ -156,11 +160,12 @@ def requested_values(extra_args: Mapping[str, Any] | None, limits: Limits | None
         return None
     if not isinstance(extra_args, Mapping):
         raise RequestError(f"extra_args must be a mapping, got {type(extra_args).__qualname__}")
+    given = [arg for arg in _ARGS if extra_args.get(arg) is not None]
+    if len(given) > 1:
+        raise RequestError(f"give one of {', '.join(map(repr, _ARGS))}, not {' and '.join(map(repr, given))}")
     values, name = extra_args.get(VALUES_ARG), extra_args.get(SET_ARG)
     if values is None and name is None:
         return None
-    if values is not None and name is not None:
-        raise RequestError(f"give either {VALUES_ARG!r} or {SET_ARG!r}, not both")
     if name is not None:
         if not isinstance(name, str):
             raise RequestError(f"{SET_ARG!r} must be a set name (a string), got {type(name).__qualname__}")
@@ -203,6 +208,72 @@ def requested_values(extra_args: Mapping[str, Any] | None, limits: Limits | None
                 f"per set (${MAX_SET_BYTES_ENV}) at item {index}"
             )
     return list(values)
+
+
+@dataclass(frozen=True)
+class SchemaRequest:
+    """A request's JSON schema or tool list, as canonical JSON text (the cache key)."""
+
+    kind: str  # SCHEMA_ARG or TOOLS_ARG
+    text: str
+
+
+def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None = None) -> SchemaRequest | None:
+    """The JSON schema or tool list a request asks for, or None.
+
+    Checked here, without the vocabulary: the type, the size (the JSON text within
+    ``$TRIEMASK_MAX_SET_BYTES``), that a schema is a JSON object, that tools are
+    function specs with distinct names, and that no enum is empty. Raises
+    :class:`RequestError` naming the field (HTTP 400).
+    """
+    if not extra_args or not isinstance(extra_args, Mapping):
+        return None
+    kind = next((arg for arg in (SCHEMA_ARG, TOOLS_ARG) if extra_args.get(arg) is not None), None)
+    if kind is None:
+        return None
+    from .._errors import TriemaskError
+    from .._schema import dispatch, load_schema
+    from .._tools import read_tools
+
+    given = extra_args[kind]
+    limits = Limits.from_env() if limits is None else limits
+    try:
+        if kind == SCHEMA_ARG:
+            if not isinstance(given, str | Mapping):
+                raise RequestError(
+                    f"{kind!r} must be a JSON schema (an object or its JSON text), got {type(given).__qualname__}"
+                )
+            loaded: Any = load_schema(given)
+            dispatch(json.loads(json.dumps(loaded)), 1)  # finds empty enums and bad values, with their paths
+        else:
+            if isinstance(given, str):
+                given = json.loads(given)
+            for index, (_, parameters) in enumerate(read_tools(given)):
+                try:
+                    dispatch(json.loads(json.dumps(parameters)), 1)
+                except TriemaskError as error:  # noqa: PERF203 - the error path
+                    path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
+                    raise RequestError(f"{kind!r} at {path}: {error}") from None
+            loaded = given
+        text = json.dumps(loaded, sort_keys=True, ensure_ascii=False)
+    except RequestError:
+        raise
+    except (TriemaskError, ValueError, TypeError) as error:
+        where = getattr(error, "path", None)
+        raise RequestError(f"{kind!r}{'' if where is None else ' at ' + where}: {error}") from None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_set_bytes:
+        raise RequestError(
+            f"{kind!r} has {size} bytes of JSON, more than the server's limit of {limits.max_set_bytes} "
+            f"(${MAX_SET_BYTES_ENV})"
+        )
+    return SchemaRequest(kind, text)
+
+
+def validate_request(extra_args: Any, limits: Limits | None = None) -> None:
+    """Every admission check of a request's triemask arguments (raises RequestError)."""
+    requested_values(extra_args, limits)
+    requested_schema(extra_args, limits)
 
 
 _REGEX_META = frozenset(".^$*+?{}[]\\|()")
@@ -287,11 +358,13 @@ def _ebnf_alternatives(grammar: str) -> list[str] | None:
 
 @dataclass
 class CompiledSet:
-    """One compiled set, with its arrays on the engine's device."""
+    """One compiled set, with its arrays on the engine's device (or a compiled JSON
+    schema or tool list, whose rows are masked from host bitmasks)."""
 
-    automaton: TrieAutomaton
+    automaton: TrieAutomaton | None
     device_automaton: Any  # triemask.integrations.torch.DeviceAutomaton
     nbytes: int
+    schema: CompiledSchema | None = None
 
 
 class SetCompileError(Exception):
@@ -346,10 +419,18 @@ class CompiledSets:
         on_device = DeviceAutomaton(automaton, self.device)
         return CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes + self.ENTRY_OVERHEAD)
 
-    def get(self, values: Sequence[str]) -> CompiledSet:
-        """The compiled set; raises :class:`SetCompileError` (with the reason) for a set
-        that cannot be compiled, now or at an earlier request."""
-        key = self.key(values)
+    def _compile_schema(self, request: SchemaRequest) -> CompiledSet:
+        given = json.loads(request.text)
+        if request.kind == SCHEMA_ARG:
+            schema: CompiledSchema = self.compiler.compile_json_schema(given)
+        else:
+            schema = self.compiler.compile_tools(given)  # a tool's arguments compile when it is chosen
+        return CompiledSet(None, None, schema.memory_bytes + self.ENTRY_OVERHEAD, schema)
+
+    def get(self, values: Sequence[str] | SchemaRequest) -> CompiledSet:
+        """The compiled set (or schema); raises :class:`SetCompileError` (with the reason)
+        for one that cannot be compiled, now or at an earlier request."""
+        key = self.key([values.kind, values.text]) if isinstance(values, SchemaRequest) else self.key(values)
         with self._lock:
             entry = self._pinned.get(key) or self._entries.get(key)
             if entry is not None:
@@ -360,7 +441,7 @@ class CompiledSets:
         if failure is not None:
             raise SetCompileError(failure)
         try:
-            entry = self._compile(values)
+            entry = self._compile_schema(values) if isinstance(values, SchemaRequest) else self._compile(values)
         except Exception as error:
             message = f"{type(error).__name__}: {error}"[:500]
             with self._lock:
@@ -467,17 +548,21 @@ class RowError(Exception):
 class Row:
     """One constrained request in a batch: its set, its live output ids and its state."""
 
-    __slots__ = ("compiled", "consumed", "output_ids", "state")
+    __slots__ = ("compiled", "consumed", "matcher", "output_ids", "state")
 
     def __init__(self, compiled: CompiledSet, output_ids: Sequence[int]) -> None:
         self.compiled = compiled
         self.output_ids = output_ids  # the engine's live list
-        self.state = compiled.automaton.initial_state
+        self.matcher = None if compiled.schema is None else SchemaMatcher(compiled.schema, max_rollback=0)
+        self.state = 0 if compiled.automaton is None else compiled.automaton.initial_state
         self.consumed = 0
 
     def catch_up(self) -> None:
         """Advance the state through the output ids not seen yet (usually one)."""
         automaton, ids = self.compiled.automaton, self.output_ids
+        if automaton is None:  # a JSON schema: the matcher follows the tokens
+            self._catch_up_schema()
+            return
         while self.consumed < len(ids):
             token = ids[self.consumed]
             if token == PLACEHOLDER:
@@ -491,10 +576,22 @@ class Row:
                 self.state = automaton.next_state(self.state, int(token))
             self.consumed += 1
 
+    def _catch_up_schema(self) -> None:
+        assert self.matcher is not None
+        ids = self.output_ids
+        while self.consumed < len(ids):
+            token = int(ids[self.consumed])
+            if token == PLACEHOLDER:
+                raise RowError("the request's output token ids hold the placeholder -1 (vLLM issue #52461)")
+            if not self.matcher.is_terminated() and not self.matcher.accept_token(token):
+                raise RowError(f"token {token} is outside the JSON schema after {self.matcher.text[-80:]!r}")
+            self.consumed += 1
+
     def end(self, sets: CompiledSets) -> None:
         """From now on allow EOS only, so the request stops at its next token."""
         self.compiled = sets.ended()
-        self.state = self.compiled.automaton.initial_state
+        self.matcher = None
+        self.state = 0
         self.consumed = len(self.output_ids)
 
     @classmethod
@@ -512,7 +609,9 @@ def constrained_row(sets: CompiledSets, extra_args: Any, output_ids: Sequence[in
     error naming the reason is logged: it ends at once, the rest of the batch goes on.
     """
     try:
-        values = requested_values(extra_args)
+        values: Sequence[str] | SchemaRequest | None = requested_values(extra_args)
+        if values is None:
+            values = requested_schema(extra_args)
         if values is None:
             return None
         return Row(sets.get(values), output_ids)
@@ -537,13 +636,47 @@ def mask_rows(logits: Any, rows: Mapping[int, Row]) -> Any:
     import torch
 
     groups: dict[int, tuple[CompiledSet, list[int], list[int]]] = {}
+    schema_rows = {index: row.matcher for index, row in rows.items() if row.matcher is not None}
+    if schema_rows:
+        mask_schema_rows(logits, schema_rows)
     for index, row in rows.items():
+        if row.matcher is not None:
+            continue
         group = groups.setdefault(id(row.compiled), (row.compiled, [], []))
         group[1].append(index)
         group[2].append(row.state)
     for compiled, indices, states in groups.values():
         where = torch.tensor(indices, dtype=torch.int64).to(logits.device, non_blocking=True)
         compiled.device_automaton.mask_logits(logits, np.asarray(states, dtype=np.int64), where)
+    return logits
+
+
+def mask_schema_rows(logits: Any, matchers: Mapping[int, SchemaMatcher]) -> Any:
+    """Mask the logits rows of JSON-schema requests, in place: the rows' bitmasks are
+    filled on the host in one call and applied with one masked fill (a finished row
+    allows EOS only)."""
+    import torch
+
+    indices = list(matchers)
+    live = [i for i, index in enumerate(indices) if not matchers[index].is_terminated()]
+    first = next(iter(matchers.values())).schema
+    vocab_size, width = first.vocab_size, int(logits.shape[-1])
+    bitmask = np.zeros((len(indices), (vocab_size + 31) // 32), dtype=np.int32)
+    for i in list(live):
+        try:  # a tool's arguments may compile here, on first use, and fail: that row alone ends
+            fill_next_token_bitmasks([matchers[indices[i]]], bitmask, rows=[i])
+        except Exception as error:  # noqa: PERF203 - any failure ends this row alone
+            logger.error("triemask: request in row %s ended (only EOS allowed): %s", indices[i], error)
+            live.remove(i)
+            bitmask[i] = 0
+    allowed = np.zeros((len(indices), width), dtype=bool)
+    allowed[:, :vocab_size] = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
+    for i, index in enumerate(indices):
+        if i not in live:
+            allowed[i, list(matchers[index].schema.eos_token_ids)] = True
+    where = torch.tensor(indices, dtype=torch.int64, device=logits.device)
+    keep = torch.from_numpy(allowed).to(logits.device, non_blocking=True)
+    logits[where] = logits[where].masked_fill(~keep, float("-inf"))
     return logits
 
 
@@ -585,6 +718,9 @@ class BatchRows:
         return mask_rows(logits, self.rows) if self.rows else logits
 
 
+_SCHEMA_SLOT = -2  # set_of marker: the slot's request follows a JSON schema, on the host
+
+
 class SlotStates:
     """vLLM Model Runner V2 bookkeeping: the state of every request slot, on the device.
 
@@ -607,14 +743,24 @@ class SlotStates:
         self.consumed = np.zeros(slots, dtype=np.int64)
         self.states = torch.zeros(slots, dtype=torch.int64, device=req_states.device)
         self._resets: list[int] = []
+        self.schema_rows: dict[int, Row] = {}  # slots of JSON-schema requests
 
     def add(self, slot: int, params: Any) -> bool:
         row = constrained_row(self.sets, getattr(params, "extra_args", None), (), f"in slot {slot}")
         self.consumed[slot] = 0
+        self.schema_rows.pop(slot, None)
         if row is None:
             self.set_of[slot] = -1
             return False
-        compiled = row.compiled  # the EOS-only set for a request whose set failed
+        if row.matcher is not None:  # a JSON schema: followed on the host
+            self.schema_rows[slot] = row
+            self.set_of[slot] = _SCHEMA_SLOT
+            return True
+        self._use(slot, row.compiled)
+        return True
+
+    def _use(self, slot: int, compiled: CompiledSet) -> None:
+        """Give ``slot`` the set ``compiled`` (the EOS-only set for a request whose set failed)."""
         known = next((i for i, c in enumerate(self.compiled) if c is compiled), None)
         if known is None:
             in_use = set(self.set_of[self.set_of >= 0].tolist())
@@ -625,7 +771,6 @@ class SlotStates:
                 self.compiled[known] = compiled  # reuse the entry of a set no slot holds any more
         self.set_of[slot] = known
         self._resets.append(slot)
-        return True
 
     def flush(self) -> None:
         if self._resets:
@@ -647,6 +792,9 @@ class SlotStates:
             - self.req_states.prompt_len.np[slots],
             0,
         )
+        if (self.set_of[slots] == _SCHEMA_SLOT).any():
+            self._schema_rows(logits, ctx, slots, produced)
+            self.flush()  # rows ended there were given the EOS-only set
         row_sets = self.set_of[slots]
         for index in np.unique(row_sets[row_sets >= 0]).tolist():
             on_device = self.compiled[index].device_automaton
@@ -664,6 +812,36 @@ class SlotStates:
             where = torch.from_numpy(rows).to(logits.device, non_blocking=True)
             on_device.mask_logits(logits, self.states[torch.from_numpy(row_slots).to(self.states.device)], where)
         return logits
+
+    def _schema_rows(self, logits: Any, ctx: Any, slots: Any, produced: Any) -> None:
+        """Advance the JSON-schema rows on the host (their new tokens come over in one
+        copy) and mask them; a row whose token the schema rejects ends alone."""
+        rows = np.flatnonzero(self.set_of[slots] == _SCHEMA_SLOT)
+        fed = ctx.input_ids[rows.tolist()].tolist() if rows.size else []
+        matchers: dict[int, SchemaMatcher] = {}
+        for row, token in zip(rows.tolist(), fed, strict=True):
+            slot = int(slots[row])
+            entry = self.schema_rows[slot]
+            new = int(produced[row] - self.consumed[slot])
+            if new == 1:
+                tokens = [int(token)]
+            else:  # a request resumed after preemption: all of its output so far
+                start = int(self.req_states.prompt_len.np[slot])
+                tokens = self.req_states.all_token_ids.gpu[slot, start : start + int(produced[row])].tolist()
+                tokens = tokens[int(self.consumed[slot]) :] if new > 1 else []
+            try:
+                entry.output_ids = [*entry.output_ids, *tokens]
+                entry.catch_up()
+            except Exception as error:
+                logger.error("triemask: request in slot %s ended (only EOS allowed): %s", slot, error)
+                del self.schema_rows[slot]
+                self._use(slot, self.sets.ended())
+                continue
+            self.consumed[slot] = produced[row]
+            assert entry.matcher is not None
+            matchers[row] = entry.matcher
+        if matchers:
+            mask_schema_rows(logits, matchers)
 
     def _replay(self, on_device: Any, slot: int, produced: int) -> None:
         """Walk a slot from the initial state through all of its output tokens."""

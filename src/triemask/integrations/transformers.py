@@ -148,7 +148,9 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         generated = ids[:, self._start :]
         found: list[SchemaMatcher | None]
         if in_order and generated.shape[1]:  # one token on, in place
-            found = [_step(matcher, int(token)) for matcher, token in zip(self._matchers, generated[:, -1], strict=True)]
+            found = [
+                _step(matcher, int(token)) for matcher, token in zip(self._matchers, generated[:, -1], strict=True)
+            ]
         elif previous is not None and generated.shape[1] and _extends(ids, previous):
             # beam search reordered (or repeated) rows: copy the matcher of each row's parent
             parents = {row.tobytes(): i for i, row in enumerate(previous)}
@@ -207,7 +209,6 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         self.steps += 1
         self.mask_seconds += time.perf_counter() - started
         return masked
-
 
     def _mask_schema_rows(self, input_ids: Any, scores: Any) -> Any:
         matchers = self.matchers(input_ids)

@@ -11,6 +11,8 @@ or ``LLM(logits_processors=[TriemaskLogitsProcessor])``) and ask per request::
 
     SamplingParams(extra_args={"triemask_values": ["slack.send_message", "github.create_issue"]})
     SamplingParams(extra_args={"triemask_set": "tools"})   # a set registered from $TRIEMASK_SETS
+    SamplingParams(extra_args={"triemask_json_schema": {...}})   # enum fields in tries, the rest in xgrammar
+    SamplingParams(extra_args={"triemask_tools": [{"name": ..., "parameters": {...}}, ...]})
 
 Over HTTP the same keys go in ``vllm_xargs``. Malformed or oversize arguments are
 rejected when the request is admitted (HTTP 400 naming the field; limits in
@@ -29,7 +31,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ._serving import BatchRows, SlotStates, compile_registered, compiled_sets_for_model, requested_values
+from ._serving import BatchRows, SlotStates, compile_registered, compiled_sets_for_model, validate_request
 
 try:
     from vllm.v1.sample.logits_processor import LogitsProcessor as _V1LogitsProcessor
@@ -79,7 +81,7 @@ def _sets(vllm_config: Any, device: Any) -> Any:
 
 def _validate(sampling_params: Any) -> None:
     try:
-        requested_values(getattr(sampling_params, "extra_args", None))
+        validate_request(getattr(sampling_params, "extra_args", None))
     except ValueError as error:
         raise _ValidationError(f"triemask: {error}", parameter="extra_args") from None
 

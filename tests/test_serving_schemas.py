@@ -1,0 +1,152 @@
+"""JSON schemas and tool lists through the serving core (vLLM V1 rows, Model Runner V2
+slots), against the fakes of tests/test_serving.py: admission errors name the field,
+every constrained output is a valid prefix of the schema, a finished one is valid."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import byte_vocabulary
+from test_serving import FakeRequestStates, params
+from triemask import Compiler, SchemaMatcher
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("xgrammar")
+from triemask.integrations._serving import (  # noqa: E402
+    BatchRows,
+    CompiledSets,
+    Limits,
+    RequestError,
+    SlotStates,
+    requested_schema,
+    validate_request,
+)
+
+NAMES = ["get", "get_user", "get_users", "user", "🦙", *(f"tool_{i}" for i in range(40))]
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"enum": NAMES}, "n": {"type": "integer"}},
+    "required": ["name", "n"],
+}
+TOOLS = [
+    {
+        "name": "get_user",
+        "parameters": {"type": "object", "properties": {"id": {"enum": ["a", "b"]}}, "required": ["id"]},
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get",
+            "parameters": {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]},
+        },
+    },
+]
+
+
+@pytest.fixture
+def sets() -> CompiledSets:
+    return CompiledSets(Compiler(byte_vocabulary()), torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "message"),
+    [
+        ({"triemask_json_schema": 42}, "must be a JSON schema"),
+        ({"triemask_json_schema": "{not json"}, "not valid JSON"),
+        ({"triemask_json_schema": {"type": "object", "properties": {"k": {"enum": []}}}}, "at \\$.properties.k.enum"),
+        ({"triemask_json_schema": SCHEMA, "triemask_values": ["a"]}, "give one of"),
+        ({"triemask_tools": [{"name": "a"}, {"name": "a"}]}, "at \\$\\[1\\].name"),
+        ({"triemask_tools": {"name": "a"}}, "list of function specs"),
+        (
+            {"triemask_tools": [{"name": "a", "parameters": {"properties": {"x": {"enum": []}}}}]},
+            "\\$\\[0\\].parameters.properties.x.enum",
+        ),
+    ],
+)
+def test_admission_names_the_field(extra_args: dict, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(RequestError, match=message):
+        validate_request(extra_args)
+
+
+def test_schema_size_is_limited() -> None:
+    big = {"enum": [f"value_{i}" for i in range(2_000)]}
+    with pytest.raises(RequestError, match="limit of 1000"):
+        requested_schema({"triemask_json_schema": big}, Limits(max_values=10, max_value_bytes=10, max_set_bytes=1_000))
+    request = requested_schema({"triemask_json_schema": json.dumps(SCHEMA)})
+    assert request is not None and request == requested_schema({"triemask_json_schema": SCHEMA})  # one cache key
+
+
+def _check(extra: dict, tokens: list[int], eos: int, sets: CompiledSets) -> None:  # type: ignore[type-arg]
+    kind = "triemask_json_schema" if "triemask_json_schema" in extra else "triemask_tools"
+    request = requested_schema(extra)
+    assert request is not None
+    matcher = SchemaMatcher(sets.get(request).schema)  # type: ignore[arg-type]
+    for token in tokens:
+        if token == eos:
+            assert matcher.value is not None, (kind, matcher.text)
+            return
+        assert matcher.accept_token(token), (kind, matcher.text, token)
+
+
+def test_v1_rows_mix_schemas_sets_and_free_requests(sets: CompiledSets) -> None:
+    rows = BatchRows(sets)
+    vocab = sets.compiler.vocab
+    eos = vocab.eos_token_ids[0]
+    rng = np.random.default_rng(3)
+    kinds = [params(triemask_json_schema=SCHEMA), params(triemask_tools=TOOLS), params(triemask_values=NAMES), params()]
+    outputs: list[list[int]] = [[] for _ in kinds]
+    rows.update(SimpleNamespace(removed=[], added=[(i, p, [1], outputs[i]) for i, p in enumerate(kinds)], moved=[]))
+    for _ in range(40):
+        logits = torch.from_numpy(rng.standard_normal((len(kinds), vocab.vocab_size)).astype(np.float32))
+        before = logits.clone()
+        out = rows.apply(logits)
+        assert torch.equal(out[3], before[3])  # the free request is untouched
+        for i in range(len(kinds)):
+            if not outputs[i] or outputs[i][-1] != eos:
+                outputs[i].append(int(torch.argmax(out[i])))
+        rows.update(None)
+    _check(kinds[0].extra_args, outputs[0], eos, sets)
+    _check(kinds[1].extra_args, outputs[1], eos, sets)
+
+
+def test_v1_a_token_outside_the_schema_ends_the_row_alone(sets: CompiledSets, caplog) -> None:  # type: ignore[no-untyped-def]
+    rows = BatchRows(sets)
+    eos = sets.compiler.vocab.eos_token_ids[0]
+    forced: list[int] = []
+    rows.update(SimpleNamespace(removed=[], added=[(0, params(triemask_json_schema=SCHEMA), [1], forced)], moved=[]))
+    forced.append(ord("x"))  # the engine forced a token the schema does not allow
+    rows.update(None)
+    out = rows.apply(torch.zeros(1, sets.compiler.vocab.vocab_size))
+    assert torch.isfinite(out[0]).nonzero().flatten().tolist() == [eos]
+    assert "outside the JSON schema" in caplog.text
+
+
+def test_v2_slots_follow_schema_requests(sets: CompiledSets) -> None:
+    vocab = sets.compiler.vocab
+    eos = vocab.eos_token_ids[0]
+    req = FakeRequestStates(slots=3, max_len=64, vocab_size=vocab.vocab_size)
+    slots = SlotStates(sets, req)
+    requests = [params(triemask_json_schema=SCHEMA), params(triemask_tools=TOOLS), params(triemask_values=NAMES)]
+    outputs: list[list[int]] = [[] for _ in requests]
+    for slot, p in enumerate(requests):
+        req.prompt_len.np[slot] = 1
+        assert slots.add(slot, p)
+    rng = np.random.default_rng(4)
+    for _ in range(40):
+        order = rng.permutation(3)
+        ctx = SimpleNamespace(
+            idx_mapping_np=order.astype(np.int32),
+            input_ids=torch.tensor([outputs[s][-1] if outputs[s] else 9 for s in order]),
+            seq_lens_upper_bound_np=np.array([1 + len(outputs[s]) for s in order]),
+        )
+        out = slots.apply(torch.from_numpy(rng.standard_normal((3, vocab.vocab_size)).astype(np.float32)), ctx)
+        for row, slot in enumerate(order.tolist()):
+            if not outputs[slot] or outputs[slot][-1] != eos:
+                outputs[slot].append(int(torch.argmax(out[row])))
+                req.all_token_ids.gpu[slot, len(outputs[slot])] = outputs[slot][-1]
+    _check(requests[0].extra_args, outputs[0], eos, sets)
+    _check(requests[1].extra_args, outputs[1], eos, sets)
