@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+import json
 import sys
 import types
 from array import array
@@ -249,3 +250,37 @@ def test_torch_bitmask_application_follows_the_shared_layout(sglang) -> None:  #
     bits = np.unpackbits(mask.numpy().view(np.uint8), axis=1, bitorder="little").astype(bool)
     assert torch.equal(torch.isfinite(logits[:, :320]), torch.from_numpy(bits))
     assert torch.isinf(logits[:, 320:]).all()
+
+
+def test_json_schemas_with_large_enums_dispatch_to_triemask(sglang) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("xgrammar")
+    from triemask import DEFAULT_MIN_ENUM_VALUES, SchemaMatcher
+
+    tokenizer = byte_level_tokenizer()
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    fallback = _XGrammarBackend(tokenizer, 300)
+    backend = sglang.adapter.TriemaskGrammarBackend(tokenizer, 300, {eos}, fallback=fallback)
+    names = [*VALUES, *(f"tool_{i}" for i in range(DEFAULT_MIN_ENUM_VALUES))]
+    large = json.dumps({"type": "object", "properties": {"name": {"enum": names}}, "required": ["name"]})
+    small = json.dumps({"type": "object", "properties": {"name": {"enum": VALUES}}, "required": ["name"]})
+    grammar = backend.dispatch_json(large)
+    assert isinstance(grammar, sglang.adapter.TriemaskGrammar) and isinstance(grammar.matcher, SchemaMatcher)
+    assert backend.dispatch_json(small)[1] == "dispatch_json"  # below the threshold: xgrammar's, untouched
+    assert backend.dispatch_json("$$ANY$$")[1] == "dispatch_json"
+    rng = np.random.default_rng(2)
+    grammars = [grammar.copy() for _ in range(3)]
+    for _ in range(60):
+        live = [g for g in grammars if not g.is_terminated()]
+        if not live:
+            break
+        mask = live[0].allocate_vocab_mask(300, len(live), "cpu")
+        for row, g in enumerate(live):
+            g.fill_vocab_mask(mask, row)
+        logits = torch.from_numpy(rng.standard_normal((len(live), 300)).astype(np.float32))
+        live[0].apply_vocab_mask(logits, mask)
+        for row, g in enumerate(live):
+            g.accept_token(int(torch.argmax(logits[row])))
+    for g in grammars:
+        assert g.is_terminated() and g.matcher.value["name"] in names
+    bad = json.dumps({"type": "object", "properties": {"name": {"enum": [*names, "\ud800"]}}})
+    assert backend.dispatch_json(bad) is _INVALID_GRAMMAR  # a value JSON text cannot hold: invalid, not raised

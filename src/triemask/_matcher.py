@@ -48,13 +48,13 @@ class Matcher:
 
     __slots__ = ("_automaton", "_history", "_state")
 
-    def __new__(cls, automaton: TrieAutomaton, *, max_rollback: int = 16) -> Matcher:
+    def __new__(cls, automaton: TrieAutomaton | CompiledSchema, *, max_rollback: int = 16) -> Matcher:
         if cls is Matcher and isinstance(automaton, CompiledSchema):
             # a compiled JSON schema or tool list: the same interface, another state
             return SchemaMatcher(automaton, max_rollback=max_rollback)  # type: ignore[return-value]
         return super().__new__(cls)
 
-    def __init__(self, automaton: TrieAutomaton, *, max_rollback: int = 16) -> None:
+    def __init__(self, automaton: TrieAutomaton | CompiledSchema, *, max_rollback: int = 16) -> None:
         if not isinstance(automaton, TrieAutomaton):
             raise ArgumentTypeError(f"Matcher needs a TrieAutomaton, got {type(automaton).__qualname__}")
         max_rollback = integer(max_rollback, "max_rollback", StateError, "an integer in [0, 2**31)")

@@ -19,7 +19,10 @@ Grammar backend (``--grammar-backend triemask`` once :func:`register` has run, e
 the ``sglang.srt.plugins`` entry point this package declares): SGLang has no ``choice``
 request type, so the backend takes the alternations SGLang requests already carry, a
 ``regex`` such as ``(yes|no|maybe)`` or an ``ebnf`` such as ``root ::= "yes" | "no"``,
-compiles them with triemask, and hands every other grammar to xgrammar. A grammar that
+compiles them with triemask; a ``json_schema`` with a large enum field (at least
+``triemask.DEFAULT_MIN_ENUM_VALUES`` values) compiles with triemask's mixed schemas
+(enums in tries, structure in xgrammar), and every other grammar goes to xgrammar
+unchanged: the paper's constraint-aware dispatch. A grammar that
 cannot be compiled (an oversize set, a value the vocabulary cannot spell, a lone
 surrogate) is SGLang's invalid-grammar result, and SGLang aborts that request alone.
 """
@@ -35,6 +38,8 @@ from typing import Any
 from .._automaton import TrieAutomaton
 from .._compile import Compiler
 from .._matcher import Matcher
+from .._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher
+from .._schema import dispatch, load_schema
 from ._serving import (
     CompiledSets,
     Limits,
@@ -149,9 +154,10 @@ class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
     """One request's position in a compiled set, behind SGLang's grammar-object interface
     (token bitmasks in the xgrammar layout SGLang's other backends use)."""
 
-    def __init__(self, automaton: TrieAutomaton) -> None:
+    def __init__(self, automaton: TrieAutomaton | CompiledSchema) -> None:
         super().__init__()
-        self.matcher = Matcher(automaton)
+        self.compiled = automaton
+        self.matcher: Any = Matcher(automaton)  # a SchemaMatcher for a compiled JSON schema
 
     def accept_token(self, token: int) -> None:
         if not self.matcher.accept_token(int(token)):  # SGLang aborts the request on ValueError, as for xgrammar's
@@ -167,7 +173,10 @@ class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
         return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
     def fill_vocab_mask(self, vocab_mask: Any, idx: int) -> None:
-        self.matcher.automaton.fill_bitmask(vocab_mask, [self.matcher.state], rows=[idx])
+        if isinstance(self.matcher, SchemaMatcher):
+            self.matcher.fill_next_token_bitmask(vocab_mask, idx)
+        else:
+            self.matcher.automaton.fill_bitmask(vocab_mask, [self.matcher.state], rows=[idx])
 
     @staticmethod
     def reset_vocab_mask(vocab_mask: Any) -> None:
@@ -188,7 +197,7 @@ class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
             apply_token_bitmask_inplace(logits, vocab_mask)
 
     def copy(self) -> TriemaskGrammar:
-        return TriemaskGrammar(self.matcher.automaton)
+        return TriemaskGrammar(self.compiled)
 
     def try_jump_forward(self, tokenizer: Any) -> None:
         return None  # no jump-forward: a constrained step is already a lookup
@@ -237,7 +246,25 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
         return self._dispatch("ebnf", key_string)
 
     def dispatch_json(self, key_string: str) -> Any:
-        return self._other().dispatch_json(key_string)
+        """Constraint-aware dispatch: a schema with an enum of at least
+        ``DEFAULT_MIN_ENUM_VALUES`` values compiles with triemask (enums in tries, the
+        structure in xgrammar, the options of SGLang's xgrammar backend); any other
+        schema goes to xgrammar's backend unchanged."""
+        try:
+            schema = load_schema(key_string)
+        except Exception:  # not a schema triemask reads ("$$ANY$$", bad JSON): xgrammar decides
+            return self._other().dispatch_json(key_string)
+        try:
+            _, sites = dispatch(schema, DEFAULT_MIN_ENUM_VALUES)
+            if not sites:
+                return self._other().dispatch_json(key_string)
+            if len(key_string.encode("utf-8", "surrogatepass")) > self.limits.max_set_bytes:
+                raise ValueError(f"the schema exceeds the server's limit of {self.limits.max_set_bytes} bytes")
+            any_whitespace = bool(getattr(self._fallback, "any_whitespace", True))
+            return TriemaskGrammar(self.compiler.compile_json_schema(key_string, any_whitespace=any_whitespace))
+        except Exception as error:
+            logger.error("triemask: invalid json_schema (%d enum fields): %s", len(sites), error)
+            return _INVALID_GRAMMAR
 
     def dispatch_structural_tag(self, key_string: str) -> Any:
         return self._other().dispatch_structural_tag(key_string)
