@@ -263,7 +263,7 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
             any_whitespace = bool(getattr(self._fallback, "any_whitespace", True))
             return TriemaskGrammar(self.compiler.compile_json_schema(key_string, any_whitespace=any_whitespace))
         except Exception as error:
-            logger.error("triemask: invalid json_schema (%d enum fields): %s", len(sites), error)
+            logger.error("triemask: invalid json_schema: %s", error)
             return _INVALID_GRAMMAR
 
     def dispatch_structural_tag(self, key_string: str) -> Any:
