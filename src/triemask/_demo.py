@@ -1,14 +1,19 @@
-"""``triemask demo``: SmolLM2-135M-Instruct picks ICD-10-CM codes and tool names.
+"""``triemask demo``: SmolLM2-135M-Instruct picks ICD-10-CM codes and tool names, and
+calls tools with arguments.
 
 Two large sets shipped with the package (74,719 codes, 10,000 tools) are compiled
 against the model's vocabulary; each question is answered twice with the same prompt,
-unconstrained and constrained, so the difference is the constraint alone.
+unconstrained and constrained, so the difference is the constraint alone. Then the
+10,000 tools, each with a small argument schema (``datasets.tool_specs``), are compiled
+as a tool list, and the model writes whole calls ``{"name": ..., "arguments": ...}``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from . import datasets
 from ._eval import answer_line
@@ -41,6 +46,53 @@ QUESTIONS = (
 )
 
 
+CALL_SYSTEM = (
+    'You call tools. Reply with one JSON object {"name": <a tool name such as slack.send_message>, '
+    '"arguments": {...}} and nothing else.'
+)
+CALL_QUESTIONS = (
+    "Post 'deploy finished' in our Slack channel, high priority",
+    "Search Jira for issues about the login bug, 5 results as csv",
+    "Get the GitHub user with id octocat",
+)
+
+
+def valid_call(call: Any, specs: dict[str, dict[str, Any]]) -> bool:
+    """Whether ``call`` is ``{"name": <a tool>, "arguments": <valid for its parameters>}``
+    (the keywords ``datasets.tool_specs`` uses: types, enums, bounds, required, no extras)."""
+
+    def valid(value: Any, schema: dict[str, Any]) -> bool:
+        if "enum" in schema:
+            return value in schema["enum"]
+        kind = schema.get("type")
+        if kind == "string":
+            return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
+        if kind == "integer":
+            return type(value) is int and schema.get("minimum", value) <= value <= schema.get("maximum", value)
+        if kind == "array":
+            return (
+                isinstance(value, list)
+                and len(value) <= schema.get("maxItems", len(value))
+                and all(valid(item, schema["items"]) for item in value)
+            )
+        if kind == "object":
+            properties = schema.get("properties", {})
+            return (
+                isinstance(value, dict)
+                and set(value) <= set(properties)
+                and set(schema.get("required", [])) <= set(value)
+                and all(valid(v, properties[k]) for k, v in value.items())
+            )
+        return False
+
+    return (
+        isinstance(call, dict)
+        and set(call) == {"name", "arguments"}
+        and call["name"] in specs
+        and valid(call["arguments"], specs[call["name"]]["parameters"])
+    )
+
+
 def demo(limit: int | None = None) -> None:
     """Run the demo (``limit``: ask only the first questions)."""
     from rich.console import Console
@@ -56,7 +108,7 @@ def demo(limit: int | None = None) -> None:
     from rich.table import Table
 
     from .integrations._shared_prefix import SharedPrefixGenerator
-    from .integrations.transformers import _render, _spelled, compiler_for, load_default_model
+    from .integrations.transformers import _render, _spelled, compiler_for, generate_json, load_default_model
 
     console = Console()
     questions = QUESTIONS[:limit]
@@ -108,6 +160,24 @@ def demo(limit: int | None = None) -> None:
             rows.append((question, value, unconstrained.text.strip()))
             progress.advance(task)
 
+        task = phase("compiling 10,000 tools with their argument schemas")
+        specs = datasets.tool_specs(sets["tools"])
+        started = time.perf_counter()
+        tools = compiler.compile_tools(specs, any_whitespace=False)
+        timings["tool list"] = time.perf_counter() - started
+        progress.remove_task(task)
+        call_questions = CALL_QUESTIONS[: None if limit is None else max(1, limit // 3)]
+        task = progress.add_task("asking for tool calls", total=len(call_questions))
+        calls = []
+        for text in call_questions:
+            started = time.perf_counter()
+            (call,) = generate_json(model, tokenizer, [text], tools, system=CALL_SYSTEM, max_new_tokens=200)
+            seconds = time.perf_counter() - started
+            prompt = _render(tokenizer, text, CALL_SYSTEM)
+            free = generator.generate(prompt, automaton=None, max_new_tokens=64).text.strip()
+            calls.append((text, call, seconds, free))
+            progress.advance(task)
+
     members = {name: set(values) for name, values in sets.items()}
     table = Table(title="The same prompt, without and with triemask", show_lines=True)
     table.add_column("set")
@@ -128,6 +198,38 @@ def demo(limit: int | None = None) -> None:
             "[green]yes[/green]" if valid else "[red]no[/red]",
         )
     console.print(table)
+
+    by_name: dict[str, dict[str, Any]] = {spec["function"]["name"]: spec["function"] for spec in specs}  # type: ignore[index,misc]
+    table = Table(title="Tool calls with arguments, 10,000 tools: without and with triemask", show_lines=True)
+    table.add_column("request", ratio=2)
+    table.add_column("triemask", overflow="fold", ratio=3)
+    table.add_column("unconstrained", overflow="fold", ratio=3)
+    table.add_column("valid")
+    calls_valid = free_calls_valid = 0
+    for text, call, _, free in calls:
+        ok = valid_call(call, by_name)
+        try:
+            free_ok = valid_call(json.loads(free), by_name)
+        except ValueError:
+            free_ok = False
+        calls_valid += ok
+        free_calls_valid += free_ok
+        table.add_row(
+            text,
+            f"[green]{json.dumps(call)}[/green]" if ok else f"[red]{json.dumps(call)}[/red]",
+            (free[:160] + "…" if len(free) > 160 else free) or "(empty)",
+            f"triemask {'[green]yes[/green]' if ok else '[red]no[/red]'}, "
+            f"unconstrained {'[green]yes[/green]' if free_ok else '[red]no[/red]'}",
+        )
+    console.print(table)
+    tool_stats = tools.stats()
+    console.print(
+        f"compiled 10,000 tools as a tool list in {timings['tool list'] * 1e3:.0f} ms (with the one-time JSON "
+        "preparation of the vocabulary; name trie, "
+        f"{tool_stats['memory_bytes'] / 1e6:.1f} MB); argument schemas compiled on first use: "
+        f"{tool_stats['tools']['misses']} in {tool_stats['tools']['compile_seconds'] * 1e3:.0f} ms; "
+        f"valid calls: triemask {calls_valid}/{len(calls)}, unconstrained {free_calls_valid}/{len(calls)}"
+    )
 
     constrained_valid = sum(value is not None and value in members[q.set_name] for q, value, _ in rows)
     free_valid = sum(answer_line(free) in members[q.set_name] for q, _, free in rows)
@@ -155,3 +257,5 @@ def demo(limit: int | None = None) -> None:
     )
     if constrained_valid != len(rows):  # pragma: no cover - the constraint makes this impossible
         raise SystemExit("a constrained answer was not a member of its set")
+    if calls_valid != len(calls):  # pragma: no cover - the constraint makes this impossible
+        raise SystemExit("a constrained tool call was not valid for its tool")
