@@ -206,7 +206,13 @@ def walk_tokens(loaded: vocabs.LoadedVocabulary, made: list[dict[str, Any]]) -> 
 
 
 def per_step(
-    compiled: Any, xgr_compiled: Any, ll_grammar: Any, peers: Peers, vocab: Vocabulary, walks: list[list[int]], repeats: int
+    compiled: Any,
+    xgr_compiled: Any,
+    ll_grammar: Any,
+    peers: Peers,
+    vocab: Vocabulary,
+    walks: list[list[int]],
+    repeats: int,
 ) -> dict[str, Any]:
     """Per-step fill + accept along ``walks``, inside and outside enum values."""
     width = (vocab.vocab_size + 31) // 32
@@ -280,7 +286,9 @@ def bare_set_per_step(compiler: Compiler, texts: list[bytes], loaded: vocabs.Loa
     return statistics.median(times) * 1e6
 
 
-def batch_fill(compiled: Any, xgr_compiled: Any, peers: Peers, vocab: Vocabulary, walks: list[list[int]], repeats: int) -> dict[str, float]:
+def batch_fill(
+    compiled: Any, xgr_compiled: Any, peers: Peers, vocab: Vocabulary, walks: list[list[int]], repeats: int
+) -> dict[str, float]:
     """Fill B = 128 rows, the matchers at states along the walks."""
     rng = random.Random(5)
     width = (vocab.vocab_size + 31) // 32
@@ -300,11 +308,15 @@ def batch_fill(compiled: Any, xgr_compiled: Any, peers: Peers, vocab: Vocabulary
     found = {"triemask_us": median_time(lambda: fill_next_token_bitmasks(ours, bitmask), repeats) * 1e6}
     if theirs:
         batcher = peers.xgr.BatchGrammarMatcher()
-        found["xgrammar_us"] = median_time(lambda: batcher.batch_fill_next_token_bitmask(theirs, bitmask), repeats) * 1e6
+        found["xgrammar_us"] = (
+            median_time(lambda: batcher.batch_fill_next_token_bitmask(theirs, bitmask), repeats) * 1e6
+        )
     return found
 
 
-def mismatches(compiled: Any, xgr_compiled: Any, peers: Peers, vocab: Vocabulary, walks: int, seed: int) -> dict[str, int]:
+def mismatches(
+    compiled: Any, xgr_compiled: Any, peers: Peers, vocab: Vocabulary, walks: int, seed: int
+) -> dict[str, int]:
     """Tokens where triemask's mask and the whole schema's language (xgrammar's
     accept_token) disagree, along random walks biased to tokens holding quotes."""
     rng = random.Random(seed)
@@ -445,7 +457,12 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
         )
 
     json_scenario("tool calling, K = 1,000", tool_call_schema(synthetic_tools(1_000)), "tool", synthetic_tools(1_000))
-    json_scenario("classification, K = 500", classification_schema(synthetic_products(500)), "classification", synthetic_products(500))
+    json_scenario(
+        "classification, K = 500",
+        classification_schema(synthetic_products(500)),
+        "classification",
+        synthetic_products(500),
+    )
     codes = load_icd10cm()[:5_000]
     json_scenario("entity linking, K = 5,000", entity_schema(codes), "entity", codes)
     for k in [10_000] if options.quick else [10_000, 100_000]:

@@ -126,10 +126,35 @@ class _Pieces:
         self.head_ends = table[:, 2].astype(np.int32)
         rests = [support.tokens[t][e:] for t, e in zip(table[:, 1].tolist(), table[:, 2].tolist(), strict=True)]
         self.head_rest_tokens = np.array([support.token_ids.get(r, -1) for r in rests], dtype=np.int64)
-        # a rest that is no single token, or may enter a value again, is checked by a probe
-        self.head_probe = np.array([bool(_starts(r, _VALUE_FIRST)) for r in rests], dtype=bool)
-        self.head_probe |= self.head_rest_tokens < 0
+        # What decides a rest without a probe, from the structure's mask after the value:
+        # the longest prefix of the rest that is a token (refused: the rest cannot be
+        # structure alone), and where the rest could start a value again (the extra
+        # token of that prefix says whether a value may start there): see _fill_exits.
+        self.head_prefix_tokens = np.array([_longest_token_prefix(r, support.token_ids) for r in rests], dtype=np.int64)
+        cross = np.array([_single_start(r, support.prefix_ids) for r in rests], dtype=np.int64)
+        # as token ids of xgrammar's vocabulary: (rest, longest token prefix, extra token of a start)
+        self.head_lookups = np.stack(
+            [self.head_rest_tokens, self.head_prefix_tokens, np.where(cross >= 0, cross + support.first_pseudo, cross)]
+        )
         self.index = TokenIndex(Vocabulary(self.pieces or [b"\x00"], eos_token_ids=None))
+
+
+def _longest_token_prefix(data: bytes, token_ids: dict[bytes, int]) -> int:
+    for end in range(len(data), 0, -1):
+        token = token_ids.get(data[:end])
+        if token is not None:
+            return token
+    return -1
+
+
+def _single_start(data: bytes, prefix_ids: dict[bytes, int]) -> int:
+    """-2: no value can start in ``data``; the prefix id of its one possible start; -1: unknown."""
+    starts = _starts(data, _VALUE_FIRST)
+    if not starts:
+        return -2
+    if len(starts) == 1 and data[: starts[0]] in prefix_ids:
+        return prefix_ids[data[: starts[0]]]
+    return -1
 
 
 class _VocabularySupport:
@@ -571,8 +596,10 @@ class CompiledSchema:
 
     def _fill(
         self, config: _Config, row: npt.NDArray[np.int32], scratch: npt.NDArray[np.int32], before: bytes | bytearray
-    ) -> None:
-        """Overwrite ``row`` with the tokens allowed from ``config`` (``before``: the output so far)."""
+    ) -> bool:
+        """Overwrite ``row`` with the tokens allowed from ``config`` (``before``: the output
+        so far). Returns whether some token may enter a field from here (so the next
+        accepted token needs every reading, not xgrammar's alone)."""
         _, matcher, k, node, value_start, cache = config
         support = self._support
         if k == _STRUCT:
@@ -585,6 +612,7 @@ class CompiledSchema:
                 np.copyto(row, buffer[: support.width])
             lo, hi = support.pseudo_words
             words = buffer[lo:hi].tolist()
+            entered = False
             if any(words):  # some structural prefix can be followed by a value: which fields?
                 if support.inline:
                     buffer[lo:hi] &= support.pseudo_keep
@@ -594,11 +622,11 @@ class CompiledSchema:
                         low = bits & -bits
                         prefix_id = 32 * (lo + w) + low.bit_length() - 1 - support.first_pseudo
                         if 0 <= prefix_id < len(support.prefixes):
-                            self._fill_entries(matcher, prefix_id, row, before)
+                            entered |= self._fill_entries(matcher, prefix_id, row, before)
                         bits ^= low
                 for word, keep in support.control_pairs:
                     row[word] &= keep
-            return
+            return entered
         field = self._fields[k]
         field.automaton.fill_bitmask(row.reshape(1, -1), (node,))
         view = field.exit_nodes_view
@@ -606,6 +634,7 @@ class CompiledSchema:
         while e < len(view) and view[e] == node:
             self._fill_exits(matcher, k, int(field.exit_pieces[e]), int(field.exit_values[e]), value_start, cache, row)
             e += 1
+        return True
 
     def _fill_exits(
         self,
@@ -621,7 +650,7 @@ class CompiledSchema:
         the structure accepts after it."""
         pieces = self._fields[k].pieces
         lo, hi = int(pieces.head_offsets[piece]), int(pieces.head_offsets[piece + 1])
-        tokens, probe = pieces.head_tokens[lo:hi], pieces.head_probe[lo:hi]
+        tokens = pieces.head_tokens[lo:hi]
         # What follows the value: the same for every value, except where the value
         # picks the grammar that follows (a tool's arguments). Computed once per value.
         key = value_node if self._switches(k) else -1
@@ -635,11 +664,14 @@ class CompiledSchema:
             found = cache[key] = (after_configs, after)
         after_configs, after = found
         if after is not None:
-            rests = pieces.head_rest_tokens[lo:hi]
-            safe = np.maximum(rests, 0)
-            ok = (rests >= 0) & ((after[safe >> 5] >> (safe & 31)) & 1).astype(bool)
+            # one gather for three questions per head: is the rest a token the structure
+            # takes; is its longest token prefix refused; may a value start in it again
+            ids = pieces.head_lookups[:, lo:hi]
+            safe = np.maximum(ids, 0)
+            bits = (ids >= 0) & ((after[safe >> 5] >> (safe & 31)) & 1).astype(bool)
+            ok, alone, again = bits[0], bits[1] | (ids[1] < 0), bits[2] | (ids[2] == -1)
             _set_bits(row, tokens[ok])
-            probe = probe & ~ok
+            probe = ~ok & ((alone & (ids[0] < 0)) | again)
         else:
             probe = np.ones(hi - lo, dtype=bool)
         for h in (lo + np.flatnonzero(probe)).tolist():
@@ -661,26 +693,30 @@ class CompiledSchema:
 
     def _fill_entries(
         self, matcher: Any, prefix_id: int, row: npt.NDArray[np.int32], before: bytes | bytearray
-    ) -> None:
-        """Add the tokens that enter a field after structural prefix ``prefix_id``."""
+    ) -> bool:
+        """Add the tokens that enter a field after structural prefix ``prefix_id``;
+        whether any field can be entered there."""
         prefix = self._support.prefixes[prefix_id]
+        entered = False
         for k in self._fields_by_prefix.get(prefix_id, ()):
             field = self._fields[k]
             if not matcher.accept_string(prefix + field.sentinel):
                 continue
             matcher.rollback(1)
+            entered = True
             mask = field.enter_masks.get(prefix_id)
             if mask is not None:
                 row[mask[0]] |= mask[1]
             for token, start, end, node in field.middle_by_prefix.get(prefix_id, ()):
                 data = self._support.tokens[token]
                 assert data is not None
-                entered = matcher.fork()
-                entered.accept_string(prefix + field.sentinel)
+                inside = matcher.fork()
+                inside.accept_string(prefix + field.sentinel)
                 value_start = bytes(before) + prefix
-                after = self._exit(entered, k, node, value_start)
+                after = self._exit(inside, k, node, value_start)
                 if any(c[0]._feasible(c[1], data[end:], value_start + data[start:end]) for c in after):
                     _set_bits(row, np.array([token]))
+        return entered
 
 
 def _set_bits(row: npt.NDArray[np.int32], tokens: npt.NDArray[np.int64]) -> None:
@@ -703,7 +739,7 @@ class SchemaMatcher:
     the parsed JSON once the output is complete.
     """
 
-    __slots__ = ("_configs", "_history", "_output", "_schema", "_scratch", "_scratch_width")
+    __slots__ = ("_configs", "_filled", "_history", "_output", "_schema", "_scratch", "_scratch_width")
 
     def __init__(self, schema: CompiledSchema, *, max_rollback: int = 16) -> None:
         if not isinstance(schema, CompiledSchema):
@@ -718,6 +754,7 @@ class SchemaMatcher:
         self._output = bytearray()
         self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
         self._scratch_width = schema._support.width
+        self._filled: list[_Config] | None = None
 
     @property
     def schema(self) -> CompiledSchema:
@@ -757,7 +794,12 @@ class SchemaMatcher:
             return False
         configs = self._configs
         config = configs[0]
-        if len(configs) == 1 and config[2] == _STRUCT and (data is None or token_id not in config[0]._crossing):
+        if (
+            len(configs) == 1
+            and config[2] == _STRUCT
+            and (data is None or token_id not in config[0]._crossing or self._filled is configs)
+        ):
+            # (a mask filled for these configurations found no field to enter: no token does)
             # the common step: one structural reading, a token that cannot enter a field.
             # Advance xgrammar in place; rollback undoes it with xgrammar's own rollback.
             if not config[1].accept_token(token_id):
@@ -832,6 +874,7 @@ class SchemaMatcher:
         clone._output = bytearray(self._output)
         clone._scratch = np.zeros_like(self._scratch)
         clone._scratch_width = self._scratch_width
+        clone._filled = None
         return clone
 
     def is_terminated(self) -> bool:
@@ -869,12 +912,14 @@ class SchemaMatcher:
     def _fill(self, out: npt.NDArray[np.int32]) -> None:
         before = self._output
         first = self._configs[0]
-        first[0]._fill(first, out, self._scratch, before)
+        entered = first[0]._fill(first, out, self._scratch, before)
         if len(self._configs) > 1:
             other = np.empty_like(out)
             for config in self._configs[1:]:
-                config[0]._fill(config, other, self._scratch, before)
+                entered |= config[0]._fill(config, other, self._scratch, before)
                 out |= other
+        # remembered for accept_token: no field can be entered from these configurations
+        self._filled = None if entered else self._configs
 
     def __repr__(self) -> str:
         return f"SchemaMatcher(output={bytes(self._output)[-40:]!r}, configurations={len(self._configs)})"
