@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from triemask import Compiler, Matcher, SchemaMatcher, Vocabulary, fill_next_token_bitmasks
+from triemask import Compiler, Matcher, Vocabulary, fill_next_token_bitmasks
 from triemask.datasets import load_icd10cm, load_tool_registry, synthetic_products, synthetic_tools, tool_specs
 
 from . import vocabs
