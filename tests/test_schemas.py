@@ -402,6 +402,14 @@ def test_bad_schemas_name_the_field(byte_compiler: Compiler) -> None:
     assert info.value.path == "$.properties.name.enum[3]"
     with pytest.raises(SchemaError, match="xgrammar"):
         byte_compiler.compile_json_schema({"type": "object", "properties": {"a": {"type": "no-such-type"}}})
+    for keyword, value in (("uniqueItems", True), ("not", {"const": 1}), ("contains", {"const": 5})):
+        unenforced = {"type": "object", "properties": {"tags": {"type": "array", keyword: value}}}
+        with pytest.raises(SchemaError, match="does not enforce") as info:
+            byte_compiler.compile_json_schema(unenforced)
+        assert info.value.path == f"$.properties.tags.{keyword}"
+    byte_compiler.compile_json_schema({"type": "array", "uniqueItems": False})  # a no-op is fine
+    with pytest.raises(SchemaError, match="Cannot find field"):
+        byte_compiler.compile_json_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
     with pytest.raises(SchemaError, match="min_enum_values"):
         byte_compiler.compile_json_schema({"type": "string"}, min_enum_values=0)
 

@@ -77,8 +77,10 @@ def test_offline_generate_mixes_constrained_and_free_requests(
 ) -> None:
     from vllm import LLM, SamplingParams
 
+    from triemask import Compiler, Matcher, Vocabulary
     from triemask.integrations.vllm import TriemaskLogitsProcessor
 
+    tiny_eos = byte_level_tokenizer().eos_token_id  # type: ignore[attr-defined]
     for name, value in _engine_env(sets_folder).items():
         monkeypatch.setenv(name, value)
     llm = LLM(
@@ -105,7 +107,19 @@ def test_offline_generate_mixes_constrained_and_free_requests(
             params.append(
                 SamplingParams(temperature=1.0, seed=i, max_tokens=40, extra_args={"triemask_set": "answers"})
             )
+    schema = {
+        "type": "object",
+        "properties": {"name": {"enum": VALUES}, "ok": {"type": "boolean"}},
+        "required": ["name"],
+    }
+    tools = [{"name": v, "parameters": {"type": "object", "properties": {"n": {"type": "boolean"}}}} for v in VALUES]
+    for i, extra in enumerate([{"triemask_json_schema": schema}, {"triemask_tools": tools}] * 2):
+        prompts.append(f"JSON {i}?")
+        params.append(SamplingParams(temperature=float(i // 2), seed=i, max_tokens=60, extra_args=extra))
     outputs = llm.generate(prompts, params)
+    checker = Compiler(
+        Vocabulary.from_huggingface(byte_level_tokenizer(), vocab_size=320, eos_token_ids=[])
+    )  # the tiny model's vocabulary: every constrained output must be a prefix of the schema
     unconstrained = 0
     for output, param in zip(outputs, params, strict=True):
         completion = output.outputs[0]
@@ -114,6 +128,15 @@ def test_offline_generate_mixes_constrained_and_free_requests(
             assert completion.text in VALUES and completion.finish_reason == "stop", completion
         elif "triemask_set" in extra:
             assert completion.text in ANSWERS and completion.finish_reason == "stop", completion
+        elif "triemask_json_schema" in extra or "triemask_tools" in extra:
+            compiled = (
+                checker.compile_json_schema(schema) if "triemask_json_schema" in extra else checker.compile_tools(tools)
+            )
+            matcher = Matcher(compiled)
+            tokens = [t for t in completion.token_ids if t != tiny_eos]
+            assert matcher.accept_tokens(tokens) == len(tokens), completion
+            if completion.finish_reason == "stop":
+                assert matcher.value == json.loads(completion.text)
         else:
             unconstrained += completion.text not in VALUES  # a random model rambles
     assert unconstrained >= 1

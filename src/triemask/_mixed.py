@@ -42,7 +42,7 @@ import time
 from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -276,8 +276,7 @@ class _Field:
     leaves: npt.NDArray[np.bool_]  # accepting nodes nothing extends: the value is over
     tails: dict[bytes, int]  # piece after a value start -> trie node it reaches from the root
     middles: dict[bytes, int]  # a whole value's text piece -> its accepting node
-    enter_tokens: dict[int, list[tuple[int, int]]]  # token -> (start, node) of its tails
-    middle_tokens: dict[int, list[tuple[int, int, int]]]  # token -> (start, end, node) of whole values
+    crossing: frozenset[int]  # tokens that can enter a value of the field (a tail or a middle walks the trie)
     enter_masks: dict[int, tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]  # prefix id -> words, bits
     middle_by_prefix: dict[int, list[tuple[int, int, int, int]]]  # prefix id -> (token, start, end, node)
     # (node, head piece, accepting node): from `node`, the head piece ends a value; sorted by node
@@ -292,7 +291,7 @@ class _Field:
 
 
 def _compile_field(
-    compiler: Compiler, support: _VocabularySupport, site_paths: tuple[str, ...], values: tuple[Any, ...], k: int
+    compiler: Compiler, support: _VocabularySupport, site_paths: tuple[str, ...], values: tuple[Any, ...]
 ) -> _Field:
     started = time.perf_counter()
     path = site_paths[0]
@@ -322,8 +321,7 @@ def _compile_field(
                 leaves[node] = False
     tails: dict[bytes, int] = {}
     middles: dict[bytes, int] = {}
-    enter_tokens: dict[int, list[tuple[int, int]]] = {}
-    middle_tokens: dict[int, list[tuple[int, int, int]]] = {}
+    crossing: set[int] = set()
     enter_lists: dict[int, list[int]] = {}
     middle_by_prefix: dict[int, list[tuple[int, int, int, int]]] = {}
     from_root = dict(
@@ -338,11 +336,11 @@ def _compile_field(
         prefix = support.prefix_ids[data[:start]]
         if end == len(data):  # a tail
             tails[pieces.pieces[pid]] = node
-            enter_tokens.setdefault(token, []).append((start, node))
+            crossing.add(token)
             enter_lists.setdefault(prefix, []).append(token)
         if end < len(data) and accepting[node]:  # a whole value, then more
             middles[pieces.pieces[pid]] = node
-            middle_tokens.setdefault(token, []).append((start, end, node))
+            crossing.add(token)
             middle_by_prefix.setdefault(prefix, []).append((token, start, end, node))
     enter_masks = {}
     for prefix, tokens in enter_lists.items():
@@ -369,8 +367,7 @@ def _compile_field(
         pieces=pieces,
         tails=tails,
         middles=middles,
-        enter_tokens=enter_tokens,
-        middle_tokens=middle_tokens,
+        crossing=frozenset(crossing),
         enter_masks=enter_masks,
         middle_by_prefix=middle_by_prefix,
         exit_nodes=sources[keep],
@@ -420,7 +417,7 @@ class CompiledSchema:
             "strict_mode": strict_mode,
         }
         self._schema = load_schema(schema)
-        structural, sites = dispatch(json.loads(json.dumps(self._schema)), min_enum_values)
+        structural, sites = dispatch(self._schema, min_enum_values)
         self._vocab = compiler.vocab
         support = _support(self._vocab)
         self._support = support
@@ -438,14 +435,14 @@ class CompiledSchema:
             k = by_values.get(key)
             if k is None:
                 k = by_values[key] = len(fields)
-                built = _compile_field(compiler, support, (site.path,), site.values, k)
-                fields.append(_replace_field(built, sentinel=_sentinel(k, width)))
+                built = _compile_field(compiler, support, (site.path,), site.values)
+                fields.append(replace(built, sentinel=_sentinel(k, width)))
             else:
-                fields[k] = _replace_field(fields[k], paths=(*fields[k].paths, site.path))
+                fields[k] = replace(fields[k], paths=(*fields[k].paths, site.path))
             ebnf = ebnf.replace(placeholder_literal(site.placeholder), _ebnf_literal(fields[k].sentinel))
         self._fields = tuple(fields)
         self._grammar = support.grammar_compiler.compile_grammar(ebnf)
-        self._crossing = frozenset(t for f in fields for t in (*f.enter_tokens, *f.middle_tokens))
+        self._crossing = frozenset().union(*(f.crossing for f in fields))
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
             for prefix in {*f.enter_masks, *f.middle_by_prefix}:
@@ -482,7 +479,7 @@ class CompiledSchema:
             total += f.automaton.memory_bytes + f.accepting.nbytes + f.leaves.nbytes
             total += f.exit_nodes.nbytes + f.exit_pieces.nbytes + f.exit_values.nbytes
             total += sum(w.nbytes + b.nbytes for w, b in f.enter_masks.values())
-            total += 64 * (len(f.tails) + len(f.middles) + len(f.enter_tokens) + len(f.middle_tokens))
+            total += 64 * (len(f.tails) + len(f.middles) + len(f.crossing))
         return total
 
     def stats(self) -> dict[str, Any]:
@@ -721,12 +718,6 @@ class CompiledSchema:
 
 def _set_bits(row: npt.NDArray[np.int32], tokens: npt.NDArray[np.int64]) -> None:
     np.bitwise_or.at(row.view(np.uint32), tokens >> 5, np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32)))
-
-
-def _replace_field(field: _Field, **changes: Any) -> _Field:
-    from dataclasses import replace
-
-    return replace(field, **changes)
 
 
 # --------------------------------------------------------------------------- matcher

@@ -43,6 +43,25 @@ _ONE = (
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 # Keywords that only annotate: a branch {"const": x, "description": ...} is still a plain const.
+# Keywords xgrammar accepts but does not enforce: the output would not satisfy them, so a
+# schema holding one is refused rather than silently loosened (with the value that is a no-op).
+_UNENFORCED = {
+    "not": None,
+    "if": None,
+    "then": None,
+    "else": None,
+    "uniqueItems": False,
+    "contains": None,
+    "minContains": None,
+    "maxContains": None,
+    "dependentRequired": None,
+    "dependentSchemas": None,
+    "dependencies": None,
+    "unevaluatedProperties": True,
+    "unevaluatedItems": True,
+    "$dynamicRef": None,
+    "$recursiveRef": None,
+}
 _NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\x7f]')
 _ANNOTATIONS = frozenset({"title", "description", "examples", "default", "deprecated", "$comment", "readOnly"})
 
@@ -96,6 +115,12 @@ def _is_scalar(value: Any) -> bool:
 
 
 def _check_values(values: list[Any], path: str) -> None:
+    if all(type(value) is str for value in values):
+        try:
+            "".join(values).encode("utf-8")
+            return
+        except UnicodeEncodeError:
+            pass
     try:  # one encode for the common case
         "".join(value for value in values if type(value) is str).encode("utf-8")
         strings_ok = True
@@ -122,7 +147,7 @@ def _enum_values(node: dict[str, Any], path: str) -> tuple[list[Any], str] | Non
             raise SchemaError(f"{where} must be an array, got {type(values).__name__}", path=where)
         if not values:
             raise SchemaError(f"{where} is empty: no value could ever be generated", path=where)
-        if all(_is_scalar(v) for v in values):
+        if all(type(v) is str for v in values) or all(_is_scalar(v) for v in values):
             _check_values(values, where)
             return values, where
         return None
@@ -144,13 +169,13 @@ def _enum_values(node: dict[str, Any], path: str) -> tuple[list[Any], str] | Non
 
 
 def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, Any], list[EnumSite]]:
-    """Replace every enum site of ``schema`` (in place) by a const placeholder.
+    """A copy of ``schema`` with every enum site replaced by a const placeholder
+    (``schema`` itself is not modified).
 
     Returns the rewritten schema and the sites, in the order they were found.
     """
     nonce = secrets.token_hex(8)
     sites: list[EnumSite] = []
-    seen: dict[int, str] = {}
 
     def distinct(values: list[Any]) -> tuple[Any, ...]:
         if all(type(value) is str for value in values):
@@ -163,8 +188,13 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
     def visit(node: Any, path: str) -> Any:
         if not isinstance(node, dict):
             return node
-        if id(node) in seen:  # pragma: no cover - JSON loading never shares objects
-            return node
+        for keyword in _UNENFORCED.keys() & node.keys():
+            if node[keyword] is not _UNENFORCED[keyword] or _UNENFORCED[keyword] is None:
+                raise SchemaError(
+                    f"{path}.{keyword}: the structural engine (xgrammar) does not enforce {keyword!r}, so the "
+                    "output could break it; remove it or express it with supported keywords",
+                    path=f"{path}.{keyword}",
+                )
         found = _enum_values(node, path)
         if found is not None:
             values = distinct(found[0])
@@ -172,11 +202,13 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
                 placeholder = f"triemask-{nonce}-{len(sites)}"
                 sites.append(EnumSite(found[1], values, placeholder))
                 return {"const": placeholder}
+        node = dict(node)  # shallow: the caller's schema is never modified, enum lists are not copied
         for key in _MAP:
             children = node.get(key)
             if isinstance(children, dict):
-                for name in list(children):
-                    children[name] = visit(children[name], _key_path(_key_path(path, key), name))
+                node[key] = {
+                    name: visit(child, _key_path(_key_path(path, key), name)) for name, child in children.items()
+                }
         for key in _LIST:
             children = node.get(key)
             if isinstance(children, list):
@@ -202,6 +234,9 @@ def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
     and null: the text xgrammar itself prints for them (it reformats numbers: ``1.0``
     is ``1``, ``1e20`` is ``1e+20``), read from the grammar it builds.
     """
+    if all(type(value) is str for value in values) and _NEEDS_ESCAPE.search("".join(values)) is None:
+        # the common case: every text is its value in quotes (one encode, no NUL inside)
+        return ('"' + '"\x00"'.join(values) + '"').encode("utf-8").split(b"\x00")
     texts: list[bytes | None] = []
     others: list[Any] = []
     for value in values:

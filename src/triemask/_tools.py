@@ -176,6 +176,13 @@ class CompiledTools(CompiledSchema):
             if names is None or name in names:
                 self.arguments_schema(i)
 
+    @property
+    def memory_bytes(self) -> int:
+        """The name trie and structure, plus the argument schemas cached so far."""
+        with self._lock:
+            cached = sum(s.memory_bytes for s in self._arguments.values())
+        return super().memory_bytes + cached
+
     def stats(self) -> dict[str, Any]:
         found = super().stats()
         with self._lock:

@@ -244,13 +244,13 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
                     f"{kind!r} must be a JSON schema (an object or its JSON text), got {type(given).__qualname__}"
                 )
             loaded: Any = load_schema(given)
-            dispatch(json.loads(json.dumps(loaded)), 1)  # finds empty enums and bad values, with their paths
+            dispatch(loaded, 1)  # finds empty enums, bad values and unenforced keywords, with their paths
         else:
             if isinstance(given, str):
                 given = json.loads(given)
             for index, (_, parameters) in enumerate(read_tools(given)):
                 try:
-                    dispatch(json.loads(json.dumps(parameters)), 1)
+                    dispatch(parameters, 1)
                 except TriemaskError as error:  # noqa: PERF203 - the error path
                     path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
                     raise RequestError(f"{kind!r} at {path}: {error}") from None
