@@ -491,41 +491,61 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    def fmt(x: Any) -> str:
-        if isinstance(x, float):
-            return f"{x * 1e3:,.1f} ms"
-        return str(x)
+    def ms(x: Any) -> str:
+        return f"{x * 1e3:,.1f} ms" if isinstance(x, float) else str(x).split(" (")[0]
 
+    def us(x: Any) -> str:
+        return f"{x:.1f}" if isinstance(x, float) and x == x else "-"
+
+    header = (
+        "| scenario | compile: triemask | xgrammar | llguidance | vs xgrammar "
+        "| inside an enum (us): triemask / bare set / xgrammar / llguidance "
+        "| outside (us): triemask / xgrammar / llguidance | batch 128 (us): triemask / xgrammar "
+        "| tokens that differ |"
+    )
     lines = [
         "# Mixed schemas: triemask vs xgrammar and llguidance",
         "",
         f"Vocabulary {results['vocabulary']}, compact JSON; per-vocabulary preparation "
-        f"(once, shared by every schema): {results['preparation_s']:.2f} s. Ratios: peer / triemask.",
+        f"(once, shared by every schema): {results['preparation_s']:.2f} s. Per step: fill one row + accept.",
         "",
-        "| scenario | triemask compile | xgrammar | llguidance | x xgrammar | inside enum: triemask / bare set / xgrammar / llguidance (us) | outside: triemask / xgrammar / llguidance (us) | batch 128: triemask / xgrammar (us) | differing tokens |",
+        header,
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["scenarios"]:
         inside, outside = r["per_step"].get("inside", {}), r["per_step"].get("outside", {})
 
-        def us(by: dict[str, Any], engine: str) -> str:
-            return f"{by[engine]['median_us']:.1f}" if engine in by else "-"
+        def step(by: dict[str, Any], engine: str) -> str:
+            return us(by[engine]["median_us"]) if engine in by else "-"
 
         ratio = r.get("compile_ratio_xgrammar")
         check = r.get("cross_check")
-        lines.append(
-            f"| {r['name']} | {fmt(r['triemask_compile_s'])} | {fmt(r['xgrammar_compile_s'])} | "
-            f"{fmt(r['llguidance_compile_s'])} | {f'{ratio:.0f}x' if ratio else '-'} | "
-            f"{us(inside, 'triemask')} / {r.get('bare_set_per_step_us', float('nan')):.1f} / {us(inside, 'xgrammar')} / {us(inside, 'llguidance')} | "
-            f"{us(outside, 'triemask')} / {us(outside, 'xgrammar')} / {us(outside, 'llguidance')} | "
-            f"{r['batch_128']['triemask_us']:.0f} / {r['batch_128'].get('xgrammar_us', float('nan')):.0f} | "
-            f"{check['differing_tokens'] if check else '-'} of {check['steps'] if check else '-'} steps |"
-        )
+        batch = r["batch_128"]
+        cells = [
+            r["name"],
+            ms(r["triemask_compile_s"]),
+            ms(r["xgrammar_compile_s"]),
+            ms(r["llguidance_compile_s"]),
+            f"{ratio:,.0f}x" if ratio else "-",
+            " / ".join(
+                [
+                    step(inside, "triemask"),
+                    us(r.get("bare_set_per_step_us")),
+                    step(inside, "xgrammar"),
+                    step(inside, "llguidance"),
+                ]
+            ),
+            " / ".join(step(outside, e) for e in ("triemask", "xgrammar", "llguidance")),
+            f"{us(batch['triemask_us'])} / {us(batch.get('xgrammar_us'))}",
+            f"{check['differing_tokens']} in {check['steps']} steps" if check else "-",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     pauses = [(r["name"], r["tool_pause"]) for r in results["scenarios"] if "tool_pause" in r]
     if pauses:
         lines += ["", "Pause at the first argument token of a tool whose arguments were not compiled yet:", ""]
         lines += [
-            f"- {name}: {p['uncached_pause_ms']:.1f} ms (slowest fill once cached: {p['cached_slowest_fill_ms']:.1f} ms)"
+            f"- {name}: {p['uncached_pause_ms']:.1f} ms (the slowest fill once cached: "
+            f"{p['cached_slowest_fill_ms']:.1f} ms)"
             for name, p in pauses
         ]
     return "\n".join(lines) + "\n"

