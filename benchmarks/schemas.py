@@ -490,6 +490,43 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+def threshold_sweep(options: argparse.Namespace) -> dict[str, Any]:
+    """The default ``min_enum_values``: one enum field of K tool names next to an integer,
+    compiled with the enum in a trie and left to xgrammar, compile time and per step."""
+    loaded = vocabs.load(VOCAB)
+    compiler = Compiler(loaded.vocab)
+    compiler.compile_json_schema(tool_call_schema(synthetic_tools(64)), **OPTIONS)  # the shared preparation
+    row = np.zeros((1, (loaded.vocab.vocab_size + 31) // 32), dtype=np.int32)
+    rows = []
+    for k in (4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        names = synthetic_tools(k, seed=3)
+        schema = {
+            "type": "object",
+            "properties": {"x": {"enum": names}, "n": {"type": "integer"}},
+            "required": ["x", "n"],
+        }
+        (tokens,) = walk_tokens(loaded, [{"x": names[k // 2], "n": 5}])
+        found: dict[str, Any] = {"k": k}
+        for label, threshold in (("trie", 1), ("xgrammar", 1 << 30)):
+
+            def build(threshold: int = threshold, schema: dict[str, Any] = schema) -> Any:
+                return compiler.compile_json_schema(schema, min_enum_values=threshold, **OPTIONS)
+
+            compiled = build()
+            found[f"{label}_compile_ms"] = median_time(build, options.repeats) * 1e3
+
+            def walk(compiled: Any = compiled, tokens: list[int] = tokens) -> None:
+                matcher = Matcher(compiled)
+                for token in tokens:
+                    matcher.fill_next_token_bitmask(row)
+                    matcher.accept_token(token)
+
+            found[f"{label}_step_us"] = median_time(walk, options.repeats) / len(tokens) * 1e6
+        rows.append(found)
+        log(f"threshold K = {k}: {found}")
+    return {"vocabulary": VOCAB, "options": OPTIONS, "rows": rows}
+
+
 def markdown(results: dict[str, Any]) -> str:
     def ms(x: Any) -> str:
         return f"{x * 1e3:,.1f} ms" if isinstance(x, float) else str(x).split(" (")[0]
@@ -561,7 +598,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--walks", type=int, default=6)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for one xgrammar compile in a child")
     parser.add_argument("--xgrammar-compile", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--threshold", action="store_true", help="only the sweep behind DEFAULT_MIN_ENUM_VALUES")
     options = parser.parse_args(argv)
+    if options.threshold:
+        options.out.mkdir(parents=True, exist_ok=True)
+        sweep = threshold_sweep(options)
+        (options.out / "schemas-threshold.json").write_text(json.dumps(sweep, indent=1) + "\n")
+        lines = [
+            "| K | compile, trie (ms) | compile, xgrammar (ms) | per step, trie (us) | per step, xgrammar (us) |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['k']} | {r['trie_compile_ms']:.1f} | {r['xgrammar_compile_ms']:.1f} | "
+            f"{r['trie_step_us']:.1f} | {r['xgrammar_step_us']:.1f} |"
+            for r in sweep["rows"]
+        ]
+        (options.out / "schemas-threshold.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
+        return
     if options.xgrammar_compile:
         loaded = vocabs.load(VOCAB)
         peers = Peers(loaded.vocab)

@@ -26,7 +26,7 @@ from triemask.integrations._serving import (  # noqa: E402
     validate_request,
 )
 
-NAMES = ["get", "get_user", "get_users", "user", "🦙", *(f"tool_{i}" for i in range(40))]
+NAMES = ["get", "get_user", "get_users", "user", "🦙", *(f"tool_{i}" for i in range(300))]  # a trie by default
 SCHEMA = {
     "type": "object",
     "properties": {"name": {"enum": NAMES}, "n": {"type": "integer"}},

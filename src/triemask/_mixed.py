@@ -62,9 +62,11 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MIN_ENUM_VALUES", "CompiledSchema", "SchemaMatcher", "fill_next_token_bitmasks"]
 
-DEFAULT_MIN_ENUM_VALUES = 32
-"""Enums with at least this many values go to a trie (benchmarks/schemas.py measures the
-crossover: below it xgrammar compiles the alternation in about the time triemask needs)."""
+DEFAULT_MIN_ENUM_VALUES = 256
+"""Enums with at least this many values go to a trie. Measured (``python -m benchmarks
+schemas --threshold``, docs/schemas.md): from about 128-256 values on the trie compiles faster
+than xgrammar's alternation, 3x faster at 1,000 and 25-100x beyond 10,000; per step xgrammar
+is faster up to a few thousand values, so schemas reused by many requests may want more."""
 
 _FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
 _VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
