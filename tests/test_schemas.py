@@ -423,6 +423,19 @@ def test_unspellable_enum_value_names_its_index() -> None:
     assert info.value.path == "$.properties.tags.items.enum[2]"
 
 
+def test_unspellable_tool_name_names_the_tool() -> None:
+    table: list[bytes | None] = [bytes([b]) for b in range(256) if b != ord("z")] + [None]
+    compiler = Compiler(Vocabulary(table, eos_token_ids=len(table) - 1))
+    with pytest.raises(SchemaError, match="cannot be spelled") as info:
+        compiler.compile_tools([{"name": "get"}, {"name": "zap"}])
+    assert info.value.path == "$[1].name"
+    tools = compiler.compile_tools([{"name": "get"}])
+    with pytest.raises(SchemaError, match="outside"):
+        tools.arguments_schema(3)
+    with pytest.raises(SchemaError, match="no tool is named"):
+        tools.arguments_schema("put")
+
+
 def test_bad_tool_lists_name_the_field(byte_compiler: Compiler) -> None:
     with pytest.raises(SchemaError, match="distinct") as info:
         byte_compiler.compile_tools([{"name": "a"}, {"type": "function", "function": {"name": "a"}}])

@@ -14,13 +14,14 @@ in a byte-bounded cache shared by every request.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ArgumentTypeError, SchemaError
+from ._errors import ArgumentTypeError, SchemaError, integer
 from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, _Config
 from ._schema import json_texts
 
@@ -106,15 +107,20 @@ class CompiledTools(CompiledSchema):
             "properties": {"name": {"enum": names}, "arguments": {"type": "null"}},
             "required": ["name", "arguments"],
         }
-        super().__init__(
-            compiler,
-            shape,
-            any_whitespace=any_whitespace,
-            indent=indent,
-            separators=separators,
-            strict_mode=strict_mode,
-            min_enum_values=1,  # the name is always a trie, whatever the number of tools
-        )
+        try:
+            super().__init__(
+                compiler,
+                shape,
+                any_whitespace=any_whitespace,
+                indent=indent,
+                separators=separators,
+                strict_mode=strict_mode,
+                min_enum_values=1,  # the name is always a trie, whatever the number of tools
+            )
+        except SchemaError as exc:  # a name no token spells: name the tool, not the internal schema
+            found = re.fullmatch(r"\$\.properties\.name\.enum\[(\d+)\]", exc.path)
+            path = f"$[{found.group(1)}].name" if found else "$"
+            raise SchemaError(f"{path}: {exc}", path=path) from None
         self._compiler = compiler
         self._min_enum_values = min_enum_values
         self._by_text = {text: i for i, text in enumerate(json_texts(tuple(names), "$"))}
@@ -136,7 +142,9 @@ class CompiledTools(CompiledSchema):
             if index is None:
                 raise SchemaError(f"no tool is named {name_or_index!r}", path="$")
         else:
-            index = name_or_index
+            index = integer(name_or_index, "a tool index", SchemaError, "a tool name or index")
+            if not 0 <= index < len(self._tools):
+                raise SchemaError(f"tool index {index} is outside [0, {len(self._tools)})", path="$")
         parameters = self._tools[index][1]
         key = json.dumps(parameters, sort_keys=True)
         with self._lock:  # one compile at a time: equal schemas are compiled once
