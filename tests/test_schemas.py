@@ -175,9 +175,10 @@ def compare_walks(
                 assert (token in allowed) == verdict, (ours.text, token, vocab.token_bytes(token), token in allowed)
             assert all(vocab.token_bytes(t) or t in eos for t in allowed), "a special token was allowed"
             compared += 1
-            for token in rng.sample(range(v), 24):  # tokens triemask rejects are rejected
+            for token in rng.sample(range(v), 24):  # tokens triemask rejects: rejected by both
                 if token not in allowed:
                     assert not ours.accept_token(token)
+                    assert not theirs.fork().accept_token(token), (ours.text, token, vocab.token_bytes(token))
             if not allowed:
                 break
             quoted = [t for t in allowed if b'"' in (vocab.token_bytes(t) or b"")]
