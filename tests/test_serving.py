@@ -80,7 +80,7 @@ def test_requests_name_their_set_or_list_it(registered) -> None:  # type: ignore
             {"triemask_values": ["abcdefgh"] * 5},
             r"limit of 32 UTF-8 bytes per set \(\$TRIEMASK_MAX_SET_BYTES\) at item 4",
         ),
-        ({"triemask_set": "tools", "triemask_values": ["a"]}, "give one of"),
+        ({"triemask_set": "tools", "triemask_values": ["a"]}, "not both"),
     ],
 )
 def test_malformed_requests_name_the_field(registered, extra_args: dict, message: str, monkeypatch) -> None:  # type: ignore[no-untyped-def,type-arg]

@@ -58,7 +58,7 @@ def sets() -> CompiledSets:
         ({"triemask_json_schema": 42}, "must be a JSON schema"),
         ({"triemask_json_schema": "{not json"}, "not valid JSON"),
         ({"triemask_json_schema": {"type": "object", "properties": {"k": {"enum": []}}}}, "at \\$.properties.k.enum"),
-        ({"triemask_json_schema": SCHEMA, "triemask_values": ["a"]}, "give one of"),
+        ({"triemask_json_schema": SCHEMA, "triemask_values": ["a"]}, "not both"),
         ({"triemask_tools": [{"name": "a"}, {"name": "a"}]}, "at \\$\\[1\\].name"),
         ({"triemask_tools": {"name": "a"}}, "list of function specs"),
         (

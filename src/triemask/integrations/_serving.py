@@ -162,7 +162,7 @@ def requested_values(extra_args: Mapping[str, Any] | None, limits: Limits | None
         raise RequestError(f"extra_args must be a mapping, got {type(extra_args).__qualname__}")
     given = [arg for arg in _ARGS if extra_args.get(arg) is not None]
     if len(given) > 1:
-        raise RequestError(f"give one of {', '.join(map(repr, _ARGS))}, not {' and '.join(map(repr, given))}")
+        raise RequestError(f"give one triemask argument per request, not both {' and '.join(map(repr, given[:2]))}")
     values, name = extra_args.get(VALUES_ARG), extra_args.get(SET_ARG)
     if values is None and name is None:
         return None
