@@ -341,6 +341,17 @@ def test_matcher_interface(byte_vocab: Vocabulary, byte_compiler: Compiler) -> N
     assert not matcher.accept_token(-1) and not matcher.accept_token(10**9) and not matcher.accept_token(1.5)  # type: ignore[arg-type]
 
 
+def test_accepting_without_filling_follows_every_reading(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+    """accept_token must not rely on a mask filled for an earlier state (tokens accepted
+    back to back, as when a prompt's forced tokens are replayed)."""
+    compiled = byte_compiler.compile_json_schema(SCHEMAS["enum first"], any_whitespace=False, min_enum_values=2)
+    ids = {byte_vocab.token_bytes(i): i for i in range(len(byte_vocab)) if byte_vocab.token_bytes(i)}
+    matcher = Matcher(compiled)
+    matcher.fill_next_token_bitmask(np.zeros((1, (byte_vocab.vocab_size + 31) // 32), dtype=np.int32))
+    assert matcher.accept_tokens([ids[b'{"'], *(ids[bytes([c])] for c in b'name"'), ids[b': "'], ids[b"get"]]) == 8
+    assert matcher.text == b'{"name": "get'
+
+
 def test_batch_fill(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
     compiled = byte_compiler.compile_json_schema(SCHEMAS["adjacent enums"], min_enum_values=2)
     matchers = [Matcher(compiled) for _ in range(3)]

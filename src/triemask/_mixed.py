@@ -806,6 +806,7 @@ class SchemaMatcher:
                 return False
             self._history.append((configs, len(self._output), None))
             self._configs = following
+        self._filled = None  # the state moved: what the last fill found no longer holds
         if data is not None:
             self._output += data
         return True
@@ -834,12 +835,14 @@ class SchemaMatcher:
             if advanced is not None:
                 advanced.rollback(1)
             del self._output[length:]
+        self._filled = None
 
     def reset(self) -> None:
         """Return to the start and forget the history."""
         self._configs = self._schema._initial()
         self._history.clear()
         self._output.clear()
+        self._filled = None
 
     def copy(self) -> SchemaMatcher:
         """An independent matcher in the same state, with the same rollback history."""
