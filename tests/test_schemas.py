@@ -11,6 +11,7 @@ tokens the whole schema's language continues with.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import zlib
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import byte_vocabulary, real_compiler, real_vocabulary
 from triemask import (
@@ -535,3 +538,49 @@ def test_real_vocabularies_tools(name: str) -> None:
             json.dumps(tools_as_any_of(TOOLS)), any_whitespace=any_whitespace
         )
         compare_walks(compiled, reference, vocab, walks=8, steps=40, seed=9)
+
+
+# ----------------------------------------------------------------------------- properties
+
+_FRAGMENTS = [b'"', b'",', b'", "', b'": "', b'":', b'"}', b'"]', b"{", b"}", b"[", b"]", b", ", b": ", b" "]
+_ALPHABET = 'ab"\\é ,}:'
+
+
+@settings(
+    max_examples=int(os.environ.get("TRIEMASK_SCHEMA_EXAMPLES", "20")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+@given(
+    values=st.lists(st.text(alphabet=_ALPHABET, max_size=4), min_size=2, max_size=8, unique=True),
+    numbers=st.lists(st.integers(-20, 20), max_size=3, unique=True),
+    merges=st.lists(
+        st.builds(
+            lambda a, b, c: a + b + c,
+            st.sampled_from([b"", *_FRAGMENTS]),
+            st.text(alphabet=_ALPHABET, max_size=3).map(str.encode),
+            st.sampled_from([b"", *_FRAGMENTS]),
+        ).filter(lambda t: len(t) > 1),
+        max_size=25,
+        unique=True,
+    ),
+    shape=st.sampled_from(["property", "array", "two fields", "union"]),
+    any_whitespace=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_random_enums_and_vocabularies_equal_the_whole_schema(
+    values: list[str], numbers: list[int], merges: list[bytes], shape: str, any_whitespace: bool, seed: int
+) -> None:
+    """Random enum values (quotes, backslashes, separators, prefixes of each other), random
+    vocabularies of JSON-ish fragments glued to value bytes, a few schema shapes."""
+    enum = {"enum": [*values, *numbers]}
+    schema = {
+        "property": {"type": "object", "properties": {"v": enum, "n": {"type": "integer"}}, "required": ["v"]},
+        "array": {"type": "array", "items": enum, "maxItems": 3},
+        "two fields": {"type": "object", "properties": {"a": enum, "b": enum}, "required": ["a", "b"]},
+        "union": {"type": "object", "properties": {"v": {"anyOf": [enum, {"type": "string"}]}}, "required": ["v"]},
+    }[shape]
+    vocab = byte_vocabulary([m for m in merges if len(m) > 1])
+    compiled = Compiler(vocab).compile_json_schema(schema, any_whitespace=any_whitespace, min_enum_values=2)
+    reference = reference_compiler(vocab).compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+    compare_walks(compiled, reference, vocab, walks=4, steps=30, seed=seed)
