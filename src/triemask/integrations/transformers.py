@@ -282,31 +282,48 @@ def choose(
     members = set(allowed)
     if leading_space:
         allowed += [" " + value for value in allowed]
-    eos = _eos_token_ids(model, tokenizer)
     automaton = compiler_for(model, tokenizer).compile(allowed)
     longest = max(len(value.encode()) for value in allowed)
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": longest + 1}  # a token spells >= 1 byte
     options.update(generate_kwargs)
+    answers: list[str] = []
+    for index, row in enumerate(_constrained_rows(model, tokenizer, prompts, automaton, system, batch_size, options)):
+        value = _spelled(automaton, row)
+        if value is None:
+            raise RuntimeError(
+                f"generation for prompt {index} stopped before completing a value "
+                f"(max_new_tokens={options['max_new_tokens']}); raise max_new_tokens"
+            )
+        answers.append(value[1:] if leading_space and value not in members else value)
+    return answers
+
+
+def _constrained_rows(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    constraint: TrieAutomaton | CompiledSchema,
+    system: str | None,
+    batch_size: int,
+    options: dict[str, Any],
+) -> list[list[int]]:
+    """The generated token ids of each prompt (chat template applied, left-padded
+    batches), every row constrained by ``constraint``."""
+    eos = _eos_token_ids(model, tokenizer)
+    options = dict(options)
     extra = list(options.pop("logits_processor", None) or [])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    answers: list[str] = []
+    rows: list[list[int]] = []
     for first in range(0, len(prompts), batch_size):
         batch = [_render(tokenizer, prompt, system) for prompt in prompts[first : first + batch_size]]
         encoded = _encode_left_padded(tokenizer, batch).to(model.device)
         start = int(encoded["input_ids"].shape[1])
-        processors = LogitsProcessorList([*extra, TrieLogitsProcessor(automaton, prompt_length=start)])
+        processors = LogitsProcessorList([*extra, TrieLogitsProcessor(constraint, prompt_length=start)])
         output = model.generate(
             **encoded, logits_processor=processors, eos_token_id=list(eos), pad_token_id=pad, **options
         )
-        for offset, row in enumerate(output[:, start:].tolist()):
-            value = _spelled(automaton, row)
-            if value is None:
-                raise RuntimeError(
-                    f"generation for prompt {first + offset} stopped before completing a value "
-                    f"(max_new_tokens={options['max_new_tokens']}); raise max_new_tokens"
-                )
-            answers.append(value[1:] if leading_space and value not in members else value)
-    return answers
+        rows.extend(output[:, start:].tolist())
+    return rows
 
 
 def generate_json(
@@ -356,32 +373,22 @@ def generate_json(
             compiled = compiler.compile_tools(compiled, any_whitespace=any_whitespace)
         else:
             compiled = compiler.compile_json_schema(compiled, any_whitespace=any_whitespace)
-    eos = _eos_token_ids(model, tokenizer)
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens}
     options.update(generate_kwargs)
-    extra = list(options.pop("logits_processor", None) or [])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    eos = _eos_token_ids(model, tokenizer)
     answers: list[Any] = []
-    for first in range(0, len(prompts), batch_size):
-        batch = [_render(tokenizer, prompt, system) for prompt in prompts[first : first + batch_size]]
-        encoded = _encode_left_padded(tokenizer, batch).to(model.device)
-        start = int(encoded["input_ids"].shape[1])
-        processors = LogitsProcessorList([*extra, TrieLogitsProcessor(compiled, prompt_length=start)])
-        output = model.generate(
-            **encoded, logits_processor=processors, eos_token_id=list(eos), pad_token_id=pad, **options
-        )
-        for offset, row in enumerate(output[:, start:].tolist()):
-            matcher = SchemaMatcher(compiled)
-            for token in row:
-                if token in eos or not matcher.accept_token(token):
-                    break
-            if matcher.value is None:
-                raise RuntimeError(
-                    f"generation for prompt {first + offset} stopped before the JSON was complete "
-                    f"(max_new_tokens={options['max_new_tokens']}): raise max_new_tokens; text so far "
-                    f"{matcher.text[:200]!r}"
-                )
-            answers.append(matcher.value)
+    for index, row in enumerate(_constrained_rows(model, tokenizer, prompts, compiled, system, batch_size, options)):
+        matcher = SchemaMatcher(compiled)
+        for token in row:
+            if token in eos or not matcher.accept_token(token):
+                break
+        if matcher.value is None:
+            raise RuntimeError(
+                f"generation for prompt {index} stopped before the JSON was complete "
+                f"(max_new_tokens={options['max_new_tokens']}): raise max_new_tokens; text so far "
+                f"{matcher.text[:200]!r}"
+            )
+        answers.append(matcher.value)
     return answers
 
 
