@@ -77,3 +77,16 @@ def test_constructor_checks() -> None:
     with pytest.raises(ValueError, match=r"max_rollback must be an integer in \[0, 2\*\*31\)"):
         Matcher(automaton, max_rollback=-1)
     assert np.array_equal(Matcher(automaton).allowed_token_ids(), automaton.allowed_token_ids(0))
+
+
+def test_matchers_pickle_and_copy_like_any_object() -> None:
+    import copy
+    import pickle
+
+    from triemask import Compiler, Matcher, Vocabulary
+
+    vocab = Vocabulary([b"a", b"b", b"ab", None], eos_token_ids=3)
+    matcher = Matcher(Compiler(vocab).compile(["ab", "b"]))
+    matcher.accept_token(0)
+    for clone in (pickle.loads(pickle.dumps(matcher)), copy.copy(matcher), copy.deepcopy(matcher), matcher.copy()):
+        assert clone.state == matcher.state and clone.accept_token(1) and clone.value == "ab"

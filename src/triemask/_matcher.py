@@ -48,7 +48,8 @@ class Matcher:
 
     __slots__ = ("_automaton", "_history", "_state")
 
-    def __new__(cls, automaton: TrieAutomaton | CompiledSchema, *, max_rollback: int = 16) -> Matcher:
+    def __new__(cls, automaton: TrieAutomaton | CompiledSchema | None = None, *, max_rollback: int = 16) -> Matcher:
+        # (automaton defaults to None so that copy and pickle, which call __new__ bare, still work)
         if cls is Matcher and isinstance(automaton, CompiledSchema):
             # a compiled JSON schema or tool list: the same interface, another state
             return SchemaMatcher(automaton, max_rollback=max_rollback)  # type: ignore[return-value]
@@ -121,7 +122,7 @@ class Matcher:
 
     def copy(self) -> Matcher:
         """An independent matcher in the same state, sharing the automaton."""
-        clone = Matcher.__new__(Matcher, self._automaton)
+        clone = Matcher.__new__(Matcher)
         clone._automaton = self._automaton
         clone._state = self._state
         clone._history = self._history.copy()
