@@ -161,6 +161,40 @@ def _public_calls() -> dict[str, object]:
         "from_tiktoken": Vocabulary.from_tiktoken,
         "from_huggingface": Vocabulary.from_huggingface,
         "from_mistral": Vocabulary.from_mistral,
+        **_schema_calls(),
+    }
+
+
+def _schema_calls() -> dict[str, object]:
+    """The JSON-schema entry points (xgrammar is in the test extra)."""
+    import importlib.util
+
+    if importlib.util.find_spec("xgrammar") is None:  # pragma: no cover - make test installs it
+        return {}
+    from triemask import fill_next_token_bitmasks
+
+    compiler = Compiler(byte_vocabulary())
+    schema = {"type": "object", "properties": {"k": {"enum": ["ab", "b"]}}}
+    compiled = compiler.compile_json_schema(schema, min_enum_values=2)
+    tools = compiler.compile_tools([{"name": "ab"}])
+    matcher = Matcher(compiled)
+    bitmask = allocate_token_bitmask(2, compiler.vocab.vocab_size)
+    return {
+        "compile_json_schema": compiler.compile_json_schema,
+        "compile_json_schema(any_whitespace)": lambda x: compiler.compile_json_schema(schema, any_whitespace=x),
+        "compile_json_schema(indent)": lambda x: compiler.compile_json_schema(schema, indent=x),
+        "compile_json_schema(separators)": lambda x: compiler.compile_json_schema(schema, separators=x),
+        "compile_json_schema(min_enum_values)": lambda x: compiler.compile_json_schema(schema, min_enum_values=x),
+        "compile_tools": compiler.compile_tools,
+        "compile_tools(cache_bytes)": lambda x: compiler.compile_tools([{"name": "ab"}], cache_bytes=x),
+        "arguments_schema": tools.arguments_schema,
+        "schema accept_tokens": lambda x: matcher.copy().accept_tokens(x),
+        "schema rollback": lambda x: matcher.copy().rollback(x),
+        "schema fill_next_token_bitmask(bitmask)": matcher.fill_next_token_bitmask,
+        "schema fill_next_token_bitmask(row)": lambda x: matcher.fill_next_token_bitmask(bitmask, x),
+        "fill_next_token_bitmasks(matchers)": lambda x: fill_next_token_bitmasks(x, bitmask),
+        "fill_next_token_bitmasks(bitmask)": lambda x: fill_next_token_bitmasks([matcher], x),
+        "fill_next_token_bitmasks(rows)": lambda x: fill_next_token_bitmasks([matcher], bitmask, rows=x),
     }
 
 

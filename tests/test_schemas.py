@@ -355,6 +355,23 @@ def test_accepting_without_filling_follows_every_reading(byte_vocab: Vocabulary,
     assert matcher.text == b'{"name": "get'
 
 
+def test_copies_are_independent_and_pickling_says_why_not(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+    import copy
+    import pickle
+
+    compiled = byte_compiler.compile_json_schema(SCHEMAS["enum first"], min_enum_values=2)
+    matcher = Matcher(compiled)
+    matcher.accept_tokens([ord("{"), ord('"')])
+    for clone in (copy.copy(matcher), copy.deepcopy(matcher), matcher.copy()):
+        assert clone.text == matcher.text and clone.accept_token(ord("n"))
+        assert matcher.text == b'{"'  # the original did not move
+        clone.rollback(3)
+        assert clone.text == b"" and matcher.text == b'{"'
+    for thing in (matcher, compiled):
+        with pytest.raises(TypeError, match="cannot be pickled"):
+            pickle.dumps(thing)
+
+
 def test_batch_fill(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
     compiled = byte_compiler.compile_json_schema(SCHEMAS["adjacent enums"], min_enum_values=2)
     matchers = [Matcher(compiled) for _ in range(3)]

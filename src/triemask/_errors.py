@@ -77,7 +77,7 @@ class SchemaError(TriemaskError, ValueError):
         ``$.properties.name.enum[3]``, ``$[2].function.name``.
     """
 
-    def __init__(self, message: str, *, path: str) -> None:
+    def __init__(self, message: str, *, path: str = "$") -> None:
         super().__init__(message)
         self.path = path
 

@@ -503,6 +503,12 @@ class CompiledSchema:
             "compile_seconds": self._compile_seconds,
         }
 
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a CompiledSchema cannot be pickled (it holds xgrammar's compiled grammar); share it within "
+            "a process, or compile it again from its schema"
+        )
+
     def __repr__(self) -> str:
         sizes = ", ".join(str(f.automaton.num_values) for f in self._fields)
         return f"CompiledSchema(trie fields: [{sizes}], vocab_size={self.vocab_size})"
@@ -873,6 +879,18 @@ class SchemaMatcher:
         clone._filled = None
         return clone
 
+    def __copy__(self) -> SchemaMatcher:
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SchemaMatcher:
+        return self.copy()  # the compiled schema is shared, as by copy()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a SchemaMatcher cannot be pickled (it holds xgrammar matchers); use copy() within a "
+            "process, or replay the accepted tokens into a new matcher"
+        )
+
     def is_terminated(self) -> bool:
         """True once EOS was accepted (or the grammar allows nothing more)."""
         return any(c[2] == _STRUCT and c[1].is_terminated() for c in self._configs)
@@ -929,11 +947,13 @@ def fill_next_token_bitmasks(
     The serving-engine entry point: it checks the buffer once and skips the per-call
     checks of :meth:`SchemaMatcher.fill_next_token_bitmask`.
     """
+    if not isinstance(matchers, Sequence) or not all(isinstance(m, SchemaMatcher) for m in matchers):
+        raise ArgumentTypeError(f"matchers must be a sequence of SchemaMatcher objects, got {matchers!r:.60}")
     if not matchers:
         return
-    if not all(isinstance(m, SchemaMatcher) for m in matchers):
-        raise ArgumentTypeError("fill_next_token_bitmasks needs SchemaMatcher objects")
     array = as_bitmask_array(bitmask, matchers[0].schema.vocab_size)
+    if rows is not None and not isinstance(rows, Iterable | np.ndarray):
+        raise ArgumentTypeError(f"rows must be a sequence of integers, got {type(rows).__name__}")
     targets = list(range(len(matchers))) if rows is None else [integer(r, "rows") for r in rows]
     if len(targets) != len(matchers):
         raise StateError(f"rows must be {len(matchers)} integers (one per matcher), got {len(targets)}")
