@@ -208,7 +208,7 @@ class XGrammarEngine(Engine):
 # --- llguidance -------------------------------------------------------------------------------
 
 
-class _ByteTokenizer:
+class ByteTokenizer:
     """What ``llguidance.TokenizerWrapper`` reads: token bytes, EOS, and a tokenize function.
 
     llguidance only tokenizes grammar-forced text with it; a greedy longest match over
@@ -270,7 +270,7 @@ class LLGuidanceEngine(Engine):
         super().__init__(vocab)
         self.ll = llguidance
         self.np_api = llguidance.numpy
-        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokenizer(vocab)))
+        self.tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteTokenizer(vocab)))
         self.executor = llguidance.LLExecutor()
 
     def compile_only(self, values: list[str]) -> Any:

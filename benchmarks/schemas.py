@@ -134,7 +134,7 @@ class Peers:
         import llguidance.numpy
         import xgrammar
 
-        from .peers import _ByteTokenizer
+        from .peers import ByteTokenizer
 
         self.xgr = xgrammar
         self.ll = llguidance
@@ -146,7 +146,7 @@ class Peers:
             encoded, xgrammar.VocabType.RAW, vocab_size=vocab.vocab_size, stop_token_ids=list(vocab.eos_token_ids)
         )
         self.xgr_compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
-        self.ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(_ByteTokenizer(vocab)))
+        self.ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteTokenizer(vocab)))
         self.executor = llguidance.LLExecutor()
 
     def xgrammar(self, schema: dict[str, Any]) -> Any:
@@ -224,7 +224,7 @@ def per_step(
         inside: list[bool] = []
         probe = Matcher(compiled)
         for token in tokens:
-            inside.append(any(c[2] >= 0 for c in probe._configs))
+            inside.append(probe.in_enum_value)
             assert probe.accept_token(token), (probe.text, token)
         runs: dict[str, list[list[float]]] = {"triemask": [], "xgrammar": [], "llguidance": []}
         for _ in range(repeats):

@@ -322,10 +322,13 @@ def test_matcher_interface(byte_vocab: Vocabulary, byte_compiler: Compiler) -> N
     assert b"".join(byte_vocab.token_bytes(t) or b"" for t in tokens) == text
     matcher = Matcher(compiled, max_rollback=64)
     masks = []
+    inside = []
     for token in tokens:
+        inside.append(matcher.in_enum_value)
         masks.append(matcher.allowed_token_ids().tolist())
         assert matcher.accept_token(token)
-    assert matcher.value == {"name": "get_users", "count": 12}
+    assert inside[:4] == [False, True, True, True] and not any(inside[4:])  # inside "get_users" only
+    assert matcher.value == {"name": "get_users", "count": 12} and not matcher.in_enum_value
     eos = byte_vocab.eos_token_ids[0]
     assert eos in matcher.allowed_token_ids()
     copy = matcher.copy()

@@ -41,7 +41,7 @@ import threading
 import time
 from bisect import bisect_left
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
@@ -60,7 +60,14 @@ from ._vocabulary import Vocabulary
 if TYPE_CHECKING:
     from ._compile import Compiler
 
-__all__ = ["DEFAULT_MIN_ENUM_VALUES", "CompiledSchema", "SchemaMatcher", "fill_next_token_bitmasks"]
+__all__ = [
+    "DEFAULT_MIN_ENUM_VALUES",
+    "CompiledSchema",
+    "Configuration",
+    "SchemaMatcher",
+    "allowed_token_rows",
+    "fill_next_token_bitmasks",
+]
 
 DEFAULT_MIN_ENUM_VALUES = 256
 """Enums with at least this many values go to a trie. Measured (``python -m benchmarks
@@ -383,7 +390,7 @@ def _compile_field(
 
 # A configuration: (schema, xgrammar matcher, field or _STRUCT, trie node, the output before
 # the value, a cache shared by the configurations of one value (None in STRUCT)).
-_Config = tuple["CompiledSchema", Any, int, int, bytes, Any]
+Configuration = tuple["CompiledSchema", Any, int, int, bytes, Any]
 
 
 class CompiledSchema:
@@ -515,31 +522,33 @@ class CompiledSchema:
 
     # ------------------------------------------------------------------ decoding
 
-    def _initial(self) -> list[_Config]:
+    def _initial(self) -> list[Configuration]:
         import xgrammar
 
         return [(self, xgrammar.GrammarMatcher(self._grammar, max_rollback_tokens=-1), _STRUCT, 0, b"", None)]
 
-    def _exit(self, matcher: Any, k: int, node: int, value_start: bytes) -> list[_Config]:
+    def _exit(self, matcher: Any, k: int, node: int, value_start: bytes) -> list[Configuration]:
         """Configurations just after field ``k``'s value, completed at ``node``
         (``value_start``: the output before the value). The matcher is already past
         the sentinel: the structure resumes where it is."""
         return [(self, matcher, _STRUCT, 0, b"", None)]
 
-    def _settle(self, matcher: Any, k: int, node: int, value_start: bytes, cache: dict[Any, Any]) -> list[_Config]:
+    def _settle(
+        self, matcher: Any, k: int, node: int, value_start: bytes, cache: dict[Any, Any]
+    ) -> list[Configuration]:
         """Configurations at trie node ``node``: inside the value, after it, or both."""
         field = self._fields[k]
-        found: list[_Config] = []
+        found: list[Configuration] = []
         if not field.leaves[node]:
             found.append((self, matcher, k, node, value_start, cache))
         if field.accepting[node]:
             found += self._exit(matcher, k, node, value_start)
         return found
 
-    def _feed(self, matcher: Any, data: bytes, before: bytes | bytearray) -> list[_Config]:
+    def _feed(self, matcher: Any, data: bytes, before: bytes | bytearray) -> list[Configuration]:
         """Configurations after the bytes ``data`` from a structural configuration
         (every reading: structure alone, or entering a field at each possible start)."""
-        found: list[_Config] = []
+        found: list[Configuration] = []
         whole = matcher.fork()
         if whole.accept_string(data):
             found.append((self, whole, _STRUCT, 0, b"", None))
@@ -569,7 +578,9 @@ class CompiledSchema:
             return True
         return bool(self._feed(matcher, data, before))
 
-    def _token(self, config: _Config, token: int, data: bytes | None, before: bytes | bytearray) -> list[_Config]:
+    def _token(
+        self, config: Configuration, token: int, data: bytes | None, before: bytes | bytearray
+    ) -> list[Configuration]:
         """Configurations after ``token`` from ``config`` (never modifies its matcher)."""
         _, matcher, k, node, value_start, cache = config
         if k == _STRUCT:
@@ -580,7 +591,7 @@ class CompiledSchema:
         if data is None:
             return []
         field = self._fields[k]
-        found: list[_Config] = []
+        found: list[Configuration] = []
         following = field.automaton.next_state(node, token)
         if following != DEAD:
             found += self._settle(matcher, k, following, value_start, cache)
@@ -600,7 +611,11 @@ class CompiledSchema:
         return found
 
     def _fill(
-        self, config: _Config, row: npt.NDArray[np.int32], scratch: npt.NDArray[np.int32], before: bytes | bytearray
+        self,
+        config: Configuration,
+        row: npt.NDArray[np.int32],
+        scratch: npt.NDArray[np.int32],
+        before: bytes | bytearray,
     ) -> bool:
         """Overwrite ``row`` with the tokens allowed from ``config`` (``before``: the output
         so far). Returns whether some token may enter a field from here (so the next
@@ -749,11 +764,11 @@ class SchemaMatcher:
         self._schema = schema
         self._configs = schema._initial()
         # (configurations, output length, the matcher advanced in place or None) per step
-        self._history: deque[tuple[list[_Config], int, Any]] = deque(maxlen=max_rollback)
+        self._history: deque[tuple[list[Configuration], int, Any]] = deque(maxlen=max_rollback)
         self._output = bytearray()
         self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
         self._scratch_width = schema._support.width
-        self._filled: list[_Config] | None = None
+        self._filled: list[Configuration] | None = None
 
     @property
     def schema(self) -> CompiledSchema:
@@ -764,6 +779,12 @@ class SchemaMatcher:
     def text(self) -> bytes:
         """The output so far, as bytes."""
         return bytes(self._output)
+
+    @property
+    def in_enum_value(self) -> bool:
+        """Whether the output may be inside an enum field's value (a trie decides the next
+        token), rather than in the structure xgrammar follows."""
+        return any(c[2] != _STRUCT for c in self._configs)
 
     @property
     def value(self) -> Any:
@@ -805,7 +826,7 @@ class SchemaMatcher:
                 return False
             self._history.append((configs, len(self._output), config[1]))
         else:
-            following: list[_Config] = []
+            following: list[Configuration] = []
             for config in configs:
                 following += config[0]._token(config, token_id, data, self._output)
             if not following:
@@ -860,7 +881,7 @@ class SchemaMatcher:
                 forks[id(matcher)] = matcher.fork()
             return forks[id(matcher)]
 
-        def copied(configs: list[_Config]) -> list[_Config]:
+        def copied(configs: list[Configuration]) -> list[Configuration]:
             return [(c[0], fork(c[1]), *c[2:]) for c in configs]
 
         clone = SchemaMatcher.__new__(SchemaMatcher)
@@ -964,3 +985,38 @@ def fill_next_token_bitmasks(
         if matcher.schema.vocab_size != matchers[0].schema.vocab_size:
             raise StateError("all matchers of one batch must share a vocabulary size")
         matcher._fill(array[target])
+
+
+def allowed_token_rows(
+    matchers: Sequence[SchemaMatcher | None],
+    eos_token_ids: Iterable[int],
+    width: int,
+    on_error: Callable[[int, Exception], None] | None = None,
+) -> npt.NDArray[np.bool_]:
+    """The allowed tokens of a batch of rows as booleans, ``(len(matchers), width)``, for
+    masking logits at once (``width`` may exceed the vocabulary: the extra columns are closed).
+
+    A row that is None (a request gone wrong), terminated, or whose fill raises allows
+    only EOS, so no row is ever all closed; ``on_error(row, error)`` is told of a fill that
+    raised (a tool's arguments compiled on first use), and without it the error propagates.
+    """
+    eos = np.asarray(list(eos_token_ids), dtype=np.int64)
+    live = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
+    vocab_size = matchers[live[0]].schema.vocab_size if live else width  # type: ignore[union-attr]
+    bitmask = np.zeros((len(matchers), bitmask_width(vocab_size)), dtype=np.int32)
+    filled = []
+    for i in live:
+        try:
+            matchers[i]._fill(bitmask[i])  # type: ignore[union-attr]
+            filled.append(i)
+        except Exception as error:  # noqa: PERF203 - any failure closes that row alone
+            if on_error is None:
+                raise
+            on_error(i, error)
+            bitmask[i] = 0
+    allowed = np.zeros((len(matchers), width), dtype=bool)
+    columns = min(vocab_size, width)
+    allowed[:, :columns] = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :columns]
+    ended = np.setdiff1d(np.arange(len(matchers)), np.asarray(filled, dtype=np.int64))
+    allowed[np.repeat(ended, len(eos)), np.tile(eos, len(ended))] = True
+    return allowed

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ArgumentTypeError, SchemaError, integer
-from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, _Config
+from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, Configuration
 from ._schema import json_texts
 
 if TYPE_CHECKING:
@@ -125,7 +125,8 @@ class CompiledTools(CompiledSchema):
         self._min_enum_values = min_enum_values
         self._by_text = {text: i for i, text in enumerate(json_texts(tuple(names), "$"))}
         self._cache_bytes = cache_bytes
-        self._arguments: OrderedDict[str, CompiledSchema] = OrderedDict()
+        self._arguments: OrderedDict[str, tuple[CompiledSchema, int]] = OrderedDict()  # with its bytes
+        self._cached_bytes = 0
         self._lock = threading.Lock()
         self._cache_stats = {"hits": 0, "misses": 0, "evictions": 0, "compile_seconds": 0.0}
         self._compile_seconds = time.perf_counter() - started
@@ -148,11 +149,11 @@ class CompiledTools(CompiledSchema):
         parameters = self._tools[index][1]
         key = json.dumps(parameters, sort_keys=True)
         with self._lock:  # one compile at a time: equal schemas are compiled once
-            found = self._arguments.get(key)
-            if found is not None:
+            cached = self._arguments.get(key)
+            if cached is not None:
                 self._arguments.move_to_end(key)
                 self._cache_stats["hits"] += 1
-                return found
+                return cached[0]
             self._cache_stats["misses"] += 1
             started = time.perf_counter()
             try:
@@ -170,10 +171,12 @@ class CompiledTools(CompiledSchema):
                 path = f"$[{index}].parameters" + exc.path.removeprefix("$.properties.arguments")
                 raise SchemaError(f"tool {self._tools[index][0]!r}: {exc}", path=path) from None
             self._cache_stats["compile_seconds"] += time.perf_counter() - started
-            if found.memory_bytes <= self._cache_bytes:
-                self._arguments[key] = found
-                while sum(s.memory_bytes for s in self._arguments.values()) > self._cache_bytes:
-                    self._arguments.popitem(last=False)
+            size = found.memory_bytes
+            if size <= self._cache_bytes:
+                self._arguments[key] = (found, size)
+                self._cached_bytes += size
+                while self._cached_bytes > self._cache_bytes:
+                    self._cached_bytes -= self._arguments.popitem(last=False)[1][1]
                     self._cache_stats["evictions"] += 1
             return found
 
@@ -188,7 +191,7 @@ class CompiledTools(CompiledSchema):
     def memory_bytes(self) -> int:
         """The name trie and structure, plus the argument schemas cached so far."""
         with self._lock:
-            cached = sum(s.memory_bytes for s in self._arguments.values())
+            cached = self._cached_bytes
         return super().memory_bytes + cached
 
     def stats(self) -> dict[str, Any]:
@@ -197,7 +200,7 @@ class CompiledTools(CompiledSchema):
             found["tools"] = {
                 "count": len(self._tools),
                 "argument_schemas_cached": len(self._arguments),
-                "argument_cache_bytes": sum(s.memory_bytes for s in self._arguments.values()),
+                "argument_cache_bytes": self._cached_bytes,
                 "argument_cache_limit": self._cache_bytes,
                 **self._cache_stats,
             }
@@ -206,7 +209,7 @@ class CompiledTools(CompiledSchema):
     def _switches(self, k: int) -> bool:
         return True
 
-    def _exit(self, matcher: Any, k: int, node: int, value_start: bytes) -> list[_Config]:
+    def _exit(self, matcher: Any, k: int, node: int, value_start: bytes) -> list[Configuration]:
         text = self._fields[k].automaton.value_of(node)
         assert isinstance(text, bytes)
         arguments = self.arguments_schema(self._by_text[text])

@@ -34,7 +34,7 @@ import numpy as np
 
 from .._automaton import TrieAutomaton
 from .._compile import Compiler
-from .._mixed import CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
+from .._mixed import CompiledSchema, SchemaMatcher, allowed_token_rows
 from .._vocabulary import Vocabulary
 
 logger = logging.getLogger("triemask")
@@ -652,28 +652,17 @@ def mask_rows(logits: Any, rows: Mapping[int, Row]) -> Any:
 
 
 def mask_schema_rows(logits: Any, matchers: Mapping[int, SchemaMatcher]) -> Any:
-    """Mask the logits rows of JSON-schema requests, in place: the rows' bitmasks are
-    filled on the host in one call and applied with one masked fill (a finished row
-    allows EOS only)."""
+    """Mask the logits rows of JSON-schema requests, in place: the rows' masks are filled
+    on the host and applied with one masked fill (a finished or failing row allows EOS only)."""
     import torch
 
     indices = list(matchers)
-    live = [i for i, index in enumerate(indices) if not matchers[index].is_terminated()]
-    first = next(iter(matchers.values())).schema
-    vocab_size, width = first.vocab_size, int(logits.shape[-1])
-    bitmask = np.zeros((len(indices), (vocab_size + 31) // 32), dtype=np.int32)
-    for i in list(live):
-        try:  # a tool's arguments may compile here, on first use, and fail: that row alone ends
-            fill_next_token_bitmasks([matchers[indices[i]]], bitmask, rows=[i])
-        except Exception as error:  # noqa: PERF203 - any failure ends this row alone
-            logger.error("triemask: request in row %s ended (only EOS allowed): %s", indices[i], error)
-            live.remove(i)
-            bitmask[i] = 0
-    allowed = np.zeros((len(indices), width), dtype=bool)
-    allowed[:, :vocab_size] = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size]
-    for i, index in enumerate(indices):
-        if i not in live:
-            allowed[i, list(matchers[index].schema.eos_token_ids)] = True
+    rows = [matchers[index] for index in indices]
+
+    def ended(row: int, error: Exception) -> None:  # a tool's arguments may compile here, and fail
+        logger.error("triemask: request in row %s ended (only EOS allowed): %s", indices[row], error)
+
+    allowed = allowed_token_rows(rows, rows[0].schema.eos_token_ids, int(logits.shape[-1]), ended)
     where = torch.tensor(indices, dtype=torch.int64, device=logits.device)
     keep = torch.from_numpy(allowed).to(logits.device, non_blocking=True)
     logits[where] = logits[where].masked_fill(~keep, float("-inf"))

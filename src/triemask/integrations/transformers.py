@@ -24,10 +24,9 @@ import numpy as np
 import numpy.typing as npt
 
 from .._automaton import DEAD, TrieAutomaton
-from .._bitmask import allocate_token_bitmask
 from .._compile import Compiler
 from .._errors import ArgumentTypeError, BitmaskError, StateError, VocabularyError
-from .._mixed import CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
+from .._mixed import CompiledSchema, SchemaMatcher, allowed_token_rows
 from .._vocabulary import Vocabulary
 
 try:
@@ -215,15 +214,7 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         batch, width = int(scores.shape[0]), int(scores.shape[-1])
         if len(matchers) != batch:
             raise BitmaskError(f"input_ids has {len(matchers)} rows but scores has {batch}")
-        bitmask = allocate_token_bitmask(batch, self.automaton.vocab_size)
-        bitmask[:] = 0
-        live = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
-        fill_next_token_bitmasks([matchers[i] for i in live], bitmask, rows=live)  # type: ignore[misc]
-        allowed = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, : self.automaton.vocab_size]
-        ended = np.setdiff1d(np.arange(batch), np.asarray(live, dtype=np.int64))
-        allowed[np.repeat(ended, len(self._eos)), np.tile(self._eos, len(ended))] = 1  # finished rows: EOS only
-        keep = torch.zeros((batch, width), dtype=torch.bool)
-        keep[:, : self.automaton.vocab_size] = torch.from_numpy(allowed.astype(bool))
+        keep = torch.from_numpy(allowed_token_rows(matchers, self._eos, width))  # finished rows: EOS only
         return scores.masked_fill(~keep.to(scores.device), float("-inf"))
 
 
