@@ -445,6 +445,8 @@ def test_bad_schemas_name_the_field(byte_compiler: Compiler) -> None:
     byte_compiler.compile_json_schema({"type": "array", "uniqueItems": False})  # a no-op is fine
     with pytest.raises(SchemaError, match="Cannot find field"):
         byte_compiler.compile_json_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
+    with pytest.raises(SchemaError, match="nested too deeply"):
+        byte_compiler.compile_json_schema('{"a":' * 5_000 + "1" + "}" * 5_000)
     with pytest.raises(SchemaError, match="min_enum_values"):
         byte_compiler.compile_json_schema({"type": "string"}, min_enum_values=0)
 

@@ -72,6 +72,18 @@ def test_admission_names_the_field(extra_args: dict, message: str) -> None:  # t
         validate_request(extra_args)
 
 
+def test_deeply_nested_schemas_are_a_400() -> None:
+    text = '{"a":' * 5_000 + "1" + "}" * 5_000
+    nested: dict = {"type": "object"}  # type: ignore[type-arg]
+    for _ in range(3_000):
+        nested = {"type": "object", "properties": {"x": nested}}
+    for given in (text, nested):
+        with pytest.raises(RequestError, match="nested too deeply"):
+            validate_request({"triemask_json_schema": given})
+    with pytest.raises(RequestError, match="nested too deeply"):
+        validate_request({"triemask_tools": [{"name": "a", "parameters": nested}]})
+
+
 def test_schema_size_is_limited() -> None:
     big = {"enum": [f"value_{i}" for i in range(2_000)]}
     with pytest.raises(RequestError, match="limit of 1000"):

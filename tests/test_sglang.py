@@ -284,3 +284,4 @@ def test_json_schemas_with_large_enums_dispatch_to_triemask(sglang) -> None:  # 
         assert g.is_terminated() and g.matcher.value["name"] in names
     bad = json.dumps({"type": "object", "properties": {"name": {"enum": [*names, "\ud800"]}}})
     assert backend.dispatch_json(bad) is _INVALID_GRAMMAR  # a value JSON text cannot hold: invalid, not raised
+    assert backend.dispatch_json('{"a":' * 5_000 + "1" + "}" * 5_000) is _INVALID_GRAMMAR  # too deep for any parser

@@ -24,7 +24,9 @@ from typing import Any
 
 from ._errors import ArgumentTypeError, SchemaError
 
-__all__ = ["EnumSite", "dispatch", "json_texts", "load_schema", "placeholder_literal"]
+TOO_DEEP = "the schema is nested too deeply (beyond Python's recursion limit)"
+
+__all__ = ["TOO_DEEP", "EnumSite", "dispatch", "json_texts", "load_schema", "placeholder_literal"]
 
 # Keywords whose value is one subschema, a list of them, or a name -> subschema map.
 _ONE = (
@@ -92,11 +94,15 @@ def load_schema(schema: Any) -> dict[str, Any]:
             loaded = json.loads(schema)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SchemaError(f"the schema is not valid JSON: {exc}", path="$") from None
+        except RecursionError:
+            raise SchemaError(TOO_DEEP, path="$") from None
     elif isinstance(schema, Mapping):
         try:  # a deep copy that also checks that the schema is JSON
             loaded = json.loads(json.dumps(schema, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"the schema is not JSON-serialisable: {exc}", path="$") from None
+        except RecursionError:
+            raise SchemaError(TOO_DEEP, path="$") from None
     else:
         raise ArgumentTypeError(
             f"schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
@@ -218,7 +224,10 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
                 node[key] = visit(node[key], f"{path}.{key}")
         return node
 
-    return visit(schema, "$"), sites
+    try:
+        return visit(schema, "$"), sites
+    except RecursionError:
+        raise SchemaError(TOO_DEEP, path="$") from None
 
 
 def placeholder_literal(placeholder: str) -> str:

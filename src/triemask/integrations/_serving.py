@@ -232,7 +232,7 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
     if kind is None:
         return None
     from .._errors import TriemaskError
-    from .._schema import dispatch, load_schema
+    from .._schema import TOO_DEEP, dispatch, load_schema
     from .._tools import read_tools
 
     given = extra_args[kind]
@@ -258,6 +258,8 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
         text = json.dumps(loaded, sort_keys=True, ensure_ascii=False)
     except RequestError:
         raise
+    except RecursionError:
+        raise RequestError(f"{kind!r}: {TOO_DEEP}") from None
     except (TriemaskError, ValueError, TypeError) as error:
         where = getattr(error, "path", None)
         raise RequestError(f"{kind!r}{'' if where is None else ' at ' + where}: {error}") from None

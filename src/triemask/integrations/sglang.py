@@ -39,7 +39,7 @@ from .._automaton import TrieAutomaton
 from .._compile import Compiler
 from .._matcher import Matcher
 from .._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher
-from .._schema import dispatch, load_schema
+from .._schema import TOO_DEEP, dispatch, load_schema
 from ._serving import (
     CompiledSets,
     Limits,
@@ -252,7 +252,10 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
         schema goes to xgrammar's backend unchanged."""
         try:
             schema = load_schema(key_string)
-        except Exception:  # not a schema triemask reads ("$$ANY$$", bad JSON): xgrammar decides
+        except Exception as error:  # not a schema triemask reads ("$$ANY$$", bad JSON): xgrammar decides
+            if str(error) == TOO_DEEP:  # ... unless it would only exhaust a stack there too
+                logger.error("triemask: invalid json_schema: %s", error)
+                return _INVALID_GRAMMAR
             return self._other().dispatch_json(key_string)
         try:
             _, sites = dispatch(schema, DEFAULT_MIN_ENUM_VALUES)
