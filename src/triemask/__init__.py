@@ -6,6 +6,8 @@ The automaton gives, for any state, the allowed tokens as a precomputed lookup;
 a :class:`Matcher` follows one sequence through it. JSON schemas and tool lists
 with large enum fields compile to a :class:`CompiledSchema` (enums in tries, the
 structure in xgrammar, the optional ``schema`` extra), followed the same way.
+Finite regexes and formats (dates, UUIDs) compile to a :class:`DagAutomaton`, the
+same lookup over the language's minimal acyclic automaton.
 
 >>> from triemask import Compiler, Matcher, Vocabulary
 >>> vocab = Vocabulary([b"get", b"_", b"user", b"g", b"et", None], eos_token_ids=5)
@@ -15,22 +17,25 @@ structure in xgrammar, the optional ``schema`` extra), followed the same way.
 (4, 'get_user')
 """
 
-from ._automaton import DEAD, TrieAutomaton
+from ._automaton import DEAD, DagAutomaton, TrieAutomaton
 from ._bitmask import allocate_token_bitmask, bitmask_width
 from ._compile import Compiler
 from ._errors import (
     ArgumentTypeError,
     BitmaskError,
     IncompatibleValueError,
+    PatternError,
     SchemaError,
     StateError,
     TriemaskError,
+    UnboundedPatternError,
     ValueIndexError,
     ValueSetError,
     VocabularyError,
 )
 from ._matcher import Matcher
 from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
+from ._regex import FORMATS
 from ._tools import CompiledTools
 from ._vocabulary import Vocabulary
 
@@ -49,18 +54,22 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "DEAD",
     "DEFAULT_MIN_ENUM_VALUES",
+    "FORMATS",
     "ArgumentTypeError",
     "BitmaskError",
     "CompiledSchema",
     "CompiledTools",
     "Compiler",
+    "DagAutomaton",
     "IncompatibleValueError",
     "Matcher",
+    "PatternError",
     "SchemaError",
     "SchemaMatcher",
     "StateError",
     "TrieAutomaton",
     "TriemaskError",
+    "UnboundedPatternError",
     "ValueIndexError",
     "ValueSetError",
     "Vocabulary",

@@ -10,9 +10,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
-from ._errors import StateError, ValueIndexError, integer
+from ._errors import StateError, ValueIndexError, ValueSetError, integer
 
-__all__ = ["DEAD", "TrieAutomaton"]
+__all__ = ["DEAD", "DagAutomaton", "TrieAutomaton"]
 
 DEAD = -1
 """The state a rejected token leads to. Nothing is allowed in it."""
@@ -141,7 +141,7 @@ class TrieAutomaton:
     def __reduce__(self) -> tuple[Any, ...]:
         state = {
             name.lstrip("_"): getattr(self, name)
-            for name in self.__slots__
+            for name in TrieAutomaton.__slots__
             if not name.endswith("_view") and name != "_mask_bounds"
         }
         del state["num_nodes"], state["num_values"], state["width"]
@@ -539,3 +539,173 @@ class TrieAutomaton:
 
 def _restore(state: dict[str, Any]) -> TrieAutomaton:
     return TrieAutomaton(**state)
+
+
+class DagAutomaton(TrieAutomaton):
+    """The compiled form of a finite *language* (a regex, a format) for one vocabulary.
+
+    Create one with :meth:`triemask.Compiler.compile_regex` or
+    :meth:`~triemask.Compiler.compile_format`. It has the decoding interface of a
+    :class:`TrieAutomaton` (and is one, for every adapter and batch API), but its
+    nodes are the states of the language's minimal acyclic byte automaton, not of a
+    trie: a node may be reached by many strings (``2024-01-`` and ``1999-12-`` end
+    at one node of ``date``), so a state does not determine the text. The text is
+    read from the tokens instead: :meth:`spell`, or :attr:`triemask.Matcher.value`.
+
+    States: ``0 .. num_nodes - 1`` are nodes (0 is the start), ``num_nodes + j`` is
+    the final state reached by EOS from the ``j``-th accepting node, DEAD is -1.
+    ``num_values`` is the number of strings in the language (a Python int: a UUID
+    has 16**32), ``value(i)`` the ``i``-th of them in byte order.
+    """
+
+    __slots__ = ("_counts", "_dag", "_pattern", "_spell_flat", "_spell_ids", "_spell_offsets")
+
+    def __init__(
+        self,
+        *,
+        dag: Any,
+        pattern: str,
+        spell_ids: npt.NDArray[np.int32],
+        spell_offsets: npt.NDArray[np.int64],
+        spell_flat: npt.NDArray[np.uint8],
+        **arrays: Any,
+    ) -> None:
+        super().__init__(**arrays)
+        self._dag = dag
+        self._pattern = pattern
+        self._spell_ids = spell_ids
+        self._spell_offsets = spell_offsets
+        self._spell_flat = spell_flat
+        for array in (spell_ids, spell_offsets, spell_flat):
+            array.flags.writeable = False
+        self._counts: list[int] | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        base = super().__reduce__()[1][0]
+        state = {**base, "dag": self._dag, "pattern": self._pattern}
+        state.update(spell_ids=self._spell_ids, spell_offsets=self._spell_offsets, spell_flat=self._spell_flat)
+        return (_restore_dag, (state,))
+
+    def _arrays(self) -> list[npt.NDArray[Any]]:
+        if not hasattr(self, "_dag"):  # called by the base constructor, before these are set
+            return super()._arrays()
+        dag = self._dag
+        return [
+            *super()._arrays(),
+            self._spell_ids,
+            self._spell_offsets,
+            self._spell_flat,
+            dag.in_offsets,
+            dag.source,
+            dag.byte,
+            dag.dest,
+            dag.accepting,
+        ]
+
+    @property
+    def pattern(self) -> str:
+        """The regular expression this automaton was compiled from."""
+        return self._pattern
+
+    @property
+    def num_values(self) -> int:
+        """Number of strings in the language (exact; may exceed any fixed-width integer)."""
+        return self._path_counts()[0]
+
+    def _path_counts(self) -> list[int]:
+        if self._counts is None:
+            self._counts = self._dag.path_counts()
+        return self._counts
+
+    def value_of(self, state: int) -> str | bytes | None:
+        """Not available: a node of a DAG does not determine its text. Raises
+        :class:`~triemask.StateError` pointing to :meth:`spell` and ``Matcher.value``."""
+        self._node(state)
+        raise StateError(
+            "a DagAutomaton state does not determine the text (many strings reach one node): "
+            "read it from the tokens with spell(token_ids) or Matcher.value"
+        )
+
+    def spell(self, token_ids: Sequence[int]) -> str | None:
+        """The string ``token_ids`` spell from the initial state when it is complete
+        (a member of the language), else None; an EOS and what follows it are ignored."""
+        state = 0
+        pieces: list[bytes] = []
+        ids = self._spell_ids
+        for token in token_ids:
+            if self.is_final(state):
+                break
+            following = self.next_state(state, token)
+            if following == DEAD:
+                return None
+            if following < self._num_nodes:  # a text token (EOS leads to a final state)
+                i = int(np.searchsorted(ids, token))
+                pieces.append(self._spell_flat[self._spell_offsets[i] : self._spell_offsets[i + 1]].tobytes())
+            state = following
+        if not self.is_accepting(state):
+            return None
+        return b"".join(pieces).decode("utf-8")
+
+    def value(self, index: int) -> str:
+        """The ``index``-th string of the language in byte order (computed by walking
+        the automaton with its path counts, not by enumerating)."""
+        if type(index) is not int:
+            index = _state_index(index, "value indices")
+        counts = self._path_counts()
+        if not 0 <= index < counts[0]:
+            raise ValueIndexError(f"value index {index} is outside [0, {counts[0]})")
+        out = self._dag._out_edges()
+        accepting = set(self._dag.accepting.tolist())
+        node, spelled = 0, bytearray()
+        while True:
+            if node in accepting:
+                if index == 0:
+                    return spelled.decode("utf-8")
+                index -= 1
+            for byte, child in out[node]:
+                if index < counts[child]:
+                    spelled.append(byte)
+                    node = child
+                    break
+                index -= counts[child]
+
+    def values(self) -> list[str | bytes]:
+        """Every string of the language, in byte order (refused above a million)."""
+        if self.num_values > 1_000_000:
+            raise ValueSetError(
+                f"the language of {self._pattern!r:.80} has {self.num_values} strings; enumerate "
+                "a range of value(i) instead"
+            )
+        return [self.value(i) for i in range(self.num_values)]
+
+    def is_accepting(self, state: int) -> bool:
+        """Whether the tokens so far spell a complete string of the language (true in
+        final states too)."""
+        node = self._node(state)
+        if node == self._num_nodes:
+            return state != DEAD
+        i = int(np.searchsorted(self._terminal_nodes, node))
+        return i < len(self._terminal_nodes) and int(self._terminal_nodes[i]) == node
+
+    def stats(self) -> dict[str, Any]:
+        """Structure of the automaton: nodes, edges and allowed tokens by level (the
+        longest distance from the start, in bytes)."""
+        base = super().stats()
+        for key in ("duplicates_collapsed", "value_bytes", "trie_nodes", "prefix_sharing_ratio"):
+            del base[key]
+        base["values"] = self.num_values
+        base["pattern"] = self._pattern
+        base["dag_nodes"] = self._num_nodes
+        base["dag_edges"] = self._dag.num_edges
+        base["accepting_nodes"] = len(self._terminal_nodes)
+        return base
+
+    def __repr__(self) -> str:
+        return (
+            f"DagAutomaton(pattern={self._pattern!r:.60}, nodes={self._num_nodes}, "
+            f"edges={int(self._edge_offsets[-1])}, eos={self._eos}, memory_bytes={self.memory_bytes})"
+        )
+
+
+def _restore_dag(state: dict[str, Any]) -> DagAutomaton:
+    return DagAutomaton(**state)

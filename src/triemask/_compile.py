@@ -27,8 +27,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ._automaton import TrieAutomaton
+from ._automaton import DagAutomaton, TrieAutomaton
 from ._errors import ArgumentTypeError, IncompatibleValueError, ValueSetError
+from ._regex import FORMATS, ByteDag, dag_of_pattern
 from ._token_index import TokenIndex
 from ._trie import ByteTrie, build_trie
 from ._vocabulary import Vocabulary
@@ -101,6 +102,54 @@ class Compiler:
             No sequence of the vocabulary's text tokens spells some value.
         """
         return self._compile(values, eos=eos)[0]
+
+    def compile_regex(self, pattern: str, *, eos: bool = True) -> DagAutomaton:
+        """Compile a regular expression whose language is finite.
+
+        The pattern is anchored (the whole output matches it) and may use literals,
+        escapes (``\\d``, ``\\w``, ``\\s``, ``\\xhh``, ``\\uhhhh``), ``.``, character classes
+        (non-ASCII ranges included), groups, alternation and bounded repetition
+        (``?``, ``{n}``, ``{m,n}``), with xgrammar's meaning of each. The minimal
+        acyclic byte automaton of the language is built and matched against the
+        vocabulary like a set's trie, so a step is the same lookup.
+
+        Parameters
+        ----------
+        pattern : str
+            The regular expression.
+        eos : bool
+            As in :meth:`compile`: EOS is allowed once the output is in the language.
+
+        Raises
+        ------
+        UnboundedPatternError
+            The pattern repeats without bound (``*``, ``+``, ``{n,}``): its language
+            is infinite and needs the structural engine (xgrammar).
+        PatternError
+            A malformed or unsupported pattern (lookaround, backreferences), one that
+            matches nothing, or one whose automaton exceeds the size limits;
+            ``.position`` is the offending character offset.
+        IncompatibleValueError
+            No string of the language can be spelled with the vocabulary's text tokens.
+        """
+        if not isinstance(pattern, str):
+            raise ArgumentTypeError(f"pattern must be a str, got {type(pattern).__name__} {pattern!r:.40}")
+        return self._compile_dag(dag_of_pattern(pattern), pattern, eos=eos)[0]
+
+    def compile_format(self, name: str, *, eos: bool = True) -> DagAutomaton:
+        """Compile one of the built-in finite formats: ``date`` (``YYYY-MM-DD``),
+        ``time`` and ``date-time`` (RFC 3339, at most 9 fraction digits), ``uuid``,
+        ``ipv4``, ``ipv6``. The patterns are in ``triemask.FORMATS``.
+
+        Raises
+        ------
+        ValueSetError
+            ``name`` is not a built-in format (the message lists them).
+        """
+        pattern = FORMATS.get(name) if isinstance(name, str) else None
+        if pattern is None:
+            raise ValueSetError(f"unknown format {name!r:.60}: the built-in formats are {', '.join(FORMATS)}")
+        return self._compile_dag(dag_of_pattern(pattern), pattern, eos=eos)[0]
 
     def compile_json_schema(
         self,
@@ -210,10 +259,13 @@ class Compiler:
         keys = _EdgeKeys(n, n + k, self._vocab.vocab_size)
         found = _match(trie, self._index, keys)
         if eos:
-            found.append(_eos_edges(trie, keys, self._vocab.eos_token_ids))
+            found.append(_eos_edges(trie.terminal, trie.num_nodes, keys, self._vocab.eos_token_ids))
         tokens, dests, offsets = keys.csr(found, n)
-        if not self._every_byte_is_a_token(trie):
-            tokens, dests, offsets = _prune_and_check(trie, self._index, tokens, dests, offsets, are_str)
+        if not self._every_byte_is_a_token(trie.byte[1:]):
+            tokens, dests, offsets, reachable = _prune(n, trie.level_offsets, trie.terminal, tokens, dests, offsets)
+            spelled = reachable[trie.terminal]
+            if not spelled.all():
+                _raise_incompatible(trie, self._index, reachable, int(np.flatnonzero(~spelled)[0]), are_str)
         words, bits, mask_offsets = _masks(tokens, offsets)
         terminal_order = np.argsort(trie.terminal, kind="stable").astype(np.int32)
         pseudo_edges = None
@@ -242,12 +294,76 @@ class Compiler:
         )
         return automaton, pseudo_edges
 
-    def _every_byte_is_a_token(self, trie: ByteTrie) -> bool:
-        """True when each byte the values use is itself a token: then every node is
+    def _every_byte_is_a_token(self, edge_bytes: npt.NDArray[np.uint8]) -> bool:
+        """True when each byte on an edge is itself a token: then every node is
         reachable byte by byte and can complete its values, so nothing needs pruning."""
         used = np.zeros(256, dtype=bool)
-        used[trie.byte[1:]] = True
+        used[edge_bytes] = True
         return not bool((used & ~self._index.byte_is_token).any())
+
+    def _compile_dag(
+        self, dag: ByteDag, pattern: str, *, eos: bool, pseudo: TokenIndex | None = None
+    ) -> tuple[DagAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]] | None]:
+        """Match the vocabulary against an acyclic byte automaton: the trie compile
+        with several parents per node (see ``_match_dag``)."""
+        started = time.perf_counter()
+        if eos and not self._vocab.eos_token_ids:
+            raise ValueSetError(
+                "compile(eos=True) needs EOS token ids, and this vocabulary has none: "
+                "build the Vocabulary with eos_token_ids=..., or compile with eos=False"
+            )
+        n, accepting = dag.num_nodes, dag.accepting
+        keys = _EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
+        found = _match_dag(dag, self._index, keys)
+        if eos:
+            found.append(_eos_edges(accepting, n, keys, self._vocab.eos_token_ids))
+        tokens, dests, offsets = keys.csr(found, n)
+        if not self._every_byte_is_a_token(dag.byte):
+            tokens, dests, offsets, reachable = _prune(n, dag.level_offsets, accepting, tokens, dests, offsets)
+            if not reachable[accepting].any():
+                raise IncompatibleValueError(
+                    f"no string of {pattern!r:.80} can be spelled with this vocabulary's text tokens",
+                    value=pattern,
+                    offset=0,
+                )
+        words, bits, mask_offsets = _masks(tokens, offsets)
+        spell_ids = np.unique(tokens[dests < n])
+        lengths, starts, data = self._vocab._table()
+        spell_lengths = lengths[spell_ids].astype(np.int64)
+        spell_offsets = np.zeros(len(spell_ids) + 1, dtype=np.int64)
+        np.cumsum(spell_lengths, out=spell_offsets[1:])
+        raw = np.frombuffer(data, dtype=np.uint8)
+        gather = np.arange(int(spell_offsets[-1])) + np.repeat(starts[spell_ids] - spell_offsets[:-1], spell_lengths)
+        pseudo_edges = None
+        if pseudo is not None:
+            pseudo_keys = _EdgeKeys(n, n, pseudo.vocab.vocab_size)
+            pseudo_edges = pseudo_keys.csr(_match_dag(dag, pseudo, pseudo_keys), n)
+        automaton = DagAutomaton(
+            dag=dag,
+            pattern=pattern,
+            spell_ids=spell_ids.astype(np.int32),
+            spell_offsets=spell_offsets,
+            spell_flat=raw[gather],
+            edge_offsets=offsets,
+            edge_tokens=tokens,
+            edge_dests=dests,
+            mask_offsets=mask_offsets,
+            mask_words=words,
+            mask_bits=bits,
+            terminal_nodes=accepting,
+            terminal_values=np.arange(len(accepting), dtype=np.int32),
+            value_flat=np.zeros(0, dtype=np.uint8),
+            value_starts=np.zeros(len(accepting) + 1, dtype=np.int64),
+            values_are_str=True,
+            input_values=len(accepting),
+            level_offsets=dag.level_offsets,
+            vocab_size=self._vocab.vocab_size,
+            vocab_fingerprint=self._vocab.fingerprint,
+            eos_token_ids=self._vocab.eos_token_ids,
+            eos=eos,
+            compile_seconds=time.perf_counter() - started,
+        )
+        return automaton, pseudo_edges
 
 
 def compile_with_pseudo_tokens(
@@ -394,6 +510,36 @@ def _match(trie: ByteTrie, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArr
     return found
 
 
+def _match_dag(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArray[np.uint64]]:
+    """``_match`` over an acyclic automaton: a node may have several incoming edges,
+    so each step up the automaton fans a frontier entry out over the edges into its
+    start. Determinism keeps the triples (start, end, token suffix) distinct: from a
+    start node, a byte string leads to one end node at most."""
+    in_offsets, in_degree = dag.in_offsets, np.diff(dag.in_offsets)
+    starts = dag.source.astype(np.int64)  # a
+    ends = dag.dest.astype(np.uint64)  # m
+    suffix = index.step(np.zeros(dag.num_edges, dtype=np.int32), dag.byte, 0)  # u, the path a -> m reversed
+    found: list[npt.NDArray[np.uint64]] = []
+    level = 1
+    while suffix.size:
+        token = index.first_token[suffix]
+        whole = token >= 0
+        found.append(keys.pack(starts[whole], token[whole], ends[whole]))
+        if index.dup_tokens is not None:
+            found.extend(_duplicate_edges(index, keys, starts[whole], suffix[whole], ends[whole]))
+        grow = index.has_children[suffix]
+        grow &= in_degree[starts] > 0
+        starts, ends, suffix = starts[grow], ends[grow], suffix[grow]
+        counts = in_degree[starts]
+        total = int(counts.sum())
+        entry = np.repeat(np.arange(len(starts)), counts)
+        edge = np.arange(total) + np.repeat(in_offsets[starts] - (np.cumsum(counts) - counts), counts)
+        suffix = index.step(suffix[entry], dag.byte[edge], level)
+        starts, ends = dag.source[edge].astype(np.int64), ends[entry]
+        level += 1
+    return found
+
+
 def _duplicate_edges(
     index: TokenIndex, keys: _EdgeKeys, a: npt.NDArray[Any], u: npt.NDArray[Any], m: npt.NDArray[np.uint64]
 ) -> list[npt.NDArray[np.uint64]]:
@@ -409,12 +555,14 @@ def _duplicate_edges(
     return [keys.pack(a[which], index.dup_tokens[position], m[which])]
 
 
-def _eos_edges(trie: ByteTrie, keys: _EdgeKeys, eos_ids: tuple[int, ...]) -> npt.NDArray[np.uint64]:
-    """``terminal of value i --eos--> final state num_nodes + i`` for every EOS id."""
-    k = trie.num_strings
-    sources = np.repeat(trie.terminal, len(eos_ids))
+def _eos_edges(
+    terminal: npt.NDArray[np.int32], num_nodes: int, keys: _EdgeKeys, eos_ids: tuple[int, ...]
+) -> npt.NDArray[np.uint64]:
+    """``terminal[i] --eos--> final state num_nodes + i`` for every EOS id."""
+    k = len(terminal)
+    sources = np.repeat(terminal, len(eos_ids))
     tokens = np.tile(np.asarray(eos_ids, dtype=np.int64), k)
-    finals = np.repeat(np.arange(trie.num_nodes, trie.num_nodes + k, dtype=np.uint64), len(eos_ids))
+    finals = np.repeat(np.arange(num_nodes, num_nodes + k, dtype=np.uint64), len(eos_ids))
     return keys.pack(sources, tokens, finals)
 
 
@@ -444,21 +592,23 @@ def _masks(
 # --------------------------------------------------------------------------- rare path
 
 
-def _prune_and_check(
-    trie: ByteTrie,
-    index: TokenIndex,
+def _prune(
+    n: int,
+    levels: npt.NDArray[np.int64],
+    terminal: npt.NDArray[np.int32],
     tokens: npt.NDArray[np.int32],
     dests: npt.NDArray[np.int32],
     offsets: npt.NDArray[np.int32],
-    are_str: bool,
-) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.bool_]]:
     """For vocabularies lacking some single-byte token: drop edges into nodes from
     which no token sequence completes a value (the masks never lead into a dead
-    end), and raise if some value cannot be spelled at all."""
-    n = trie.num_nodes
-    levels = trie.level_offsets
-    live = np.zeros(n + trie.num_strings, dtype=bool)
-    live[trie.terminal] = True
+    end). Also returns which states the remaining edges reach from the start.
+
+    Nodes are numbered by level and every edge leads to a deeper level (a trie's
+    depth, a DAG's longest distance from the start), so one sweep each way settles it.
+    """
+    live = np.zeros(n + len(terminal), dtype=bool)  # one final state per terminal
+    live[terminal] = True
     live[n:] = True  # final states
     for depth in range(len(levels) - 2, -1, -1):  # edges lead deeper: settle the deep levels first
         lo, hi = int(levels[depth]), int(levels[depth + 1])
@@ -469,16 +619,13 @@ def _prune_and_check(
     keep = live[dests]
     kept_before = np.concatenate(([0], np.cumsum(keep)))
     tokens, dests, offsets = tokens[keep], dests[keep], kept_before[offsets].astype(np.int32)
-    reachable = np.zeros(n + trie.num_strings, dtype=bool)
+    reachable = np.zeros(len(live), dtype=bool)
     reachable[0] = True
     for depth in range(len(levels) - 1):
         lo, hi = int(levels[depth]), int(levels[depth + 1])
         from_reached = np.repeat(reachable[lo:hi], np.diff(offsets[lo : hi + 1]))
         reachable[dests[int(offsets[lo]) : int(offsets[hi])][from_reached]] = True
-    spelled = reachable[trie.terminal]
-    if not spelled.all():
-        _raise_incompatible(trie, index, reachable, int(np.flatnonzero(~spelled)[0]), are_str)
-    return tokens, dests, offsets
+    return tokens, dests, offsets, reachable
 
 
 def _raise_incompatible(

@@ -8,6 +8,8 @@ also from the built-in class a caller would naturally catch (``ValueError``,
     ├── VocabularyError (ValueError)       a token table, EOS id, vocab_size or tokenizer file is unusable
     ├── ValueSetError (ValueError)         the set of values to compile is unusable
     │   └── IncompatibleValueError         a value no sequence of text tokens can spell
+    ├── PatternError (ValueError)          a regex triemask cannot compile; .position is the offending offset
+    │   └── UnboundedPatternError          *, + or {n,}: an infinite language, for the structural engine
     ├── SchemaError (ValueError)           a JSON schema or tool list that cannot be compiled; .path names
     │                                      the field ("$.properties.name.enum[3]")
     ├── StateError (ValueError)            a state id that no automaton state has (also a bool or
@@ -29,9 +31,11 @@ __all__ = [
     "ArgumentTypeError",
     "BitmaskError",
     "IncompatibleValueError",
+    "PatternError",
     "SchemaError",
     "StateError",
     "TriemaskError",
+    "UnboundedPatternError",
     "ValueIndexError",
     "ValueSetError",
     "VocabularyError",
@@ -80,6 +84,28 @@ class SchemaError(TriemaskError, ValueError):
     def __init__(self, message: str, *, path: str = "$") -> None:
         super().__init__(message)
         self.path = path
+
+
+class PatternError(TriemaskError, ValueError):
+    """A regular expression triemask cannot compile (malformed, unsupported, too large).
+
+    Attributes
+    ----------
+    pattern : str
+        The pattern.
+    position : int
+        Character offset in ``pattern`` where the problem is.
+    """
+
+    def __init__(self, message: str, *, pattern: str, position: int) -> None:
+        super().__init__(f"{message} at position {position} of {pattern!r:.200}")
+        self.pattern = pattern
+        self.position = position
+
+
+class UnboundedPatternError(PatternError):
+    """A pattern whose language is infinite (``*``, ``+``, ``{n,}``): it needs the
+    structural engine (``xgrammar.GrammarCompiler.compile_regex``), not a finite automaton."""
 
 
 class StateError(TriemaskError, ValueError):

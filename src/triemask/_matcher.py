@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._automaton import DEAD, TrieAutomaton
+from ._automaton import DEAD, DagAutomaton, TrieAutomaton
 from ._bitmask import as_bitmask_array
 from ._errors import ArgumentTypeError, StateError, integer
 from ._mixed import CompiledSchema, SchemaMatcher
@@ -20,7 +20,9 @@ __all__ = ["Matcher"]
 class Matcher:
     """Tracks one sequence through a :class:`TrieAutomaton`.
 
-    A matcher is a state id plus the last ``max_rollback`` states, so it is cheap
+    A matcher is a state id plus the last ``max_rollback`` states (and, over a
+    :class:`~triemask.DagAutomaton`, whose states do not determine the text, the
+    tokens accepted so far: at most the longest string's length), so it is cheap
     to create and to :meth:`copy` (for beam search or speculative decoding); the
     automaton is shared, never copied.
 
@@ -46,7 +48,7 @@ class Matcher:
     ('no', True, True)
     """
 
-    __slots__ = ("_automaton", "_history", "_state")
+    __slots__ = ("_automaton", "_history", "_state", "_tokens")
 
     def __new__(cls, automaton: TrieAutomaton | CompiledSchema | None = None, *, max_rollback: int = 16) -> Matcher:
         # (automaton defaults to None so that copy and pickle, which call __new__ bare, still work)
@@ -64,6 +66,7 @@ class Matcher:
         self._automaton = automaton
         self._state = automaton.initial_state
         self._history: deque[int] = deque(maxlen=max_rollback)
+        self._tokens: list[int] | None = [] if isinstance(automaton, DagAutomaton) else None
 
     @property
     def automaton(self) -> TrieAutomaton:
@@ -78,6 +81,10 @@ class Matcher:
     @property
     def value(self) -> str | bytes | None:
         """The value spelled so far if it is complete, else None."""
+        if self._tokens is not None:
+            automaton = self._automaton
+            assert isinstance(automaton, DagAutomaton)
+            return automaton.spell(self._tokens) if automaton.is_accepting(self._state) else None
         return self._automaton.value_of(self._state)
 
     def accept_token(self, token_id: int) -> bool:
@@ -91,6 +98,8 @@ class Matcher:
             return False
         self._history.append(self._state)
         self._state = following
+        if self._tokens is not None:
+            self._tokens.append(int(token_id))
         return True
 
     def accept_tokens(self, token_ids: Iterable[int]) -> int:
@@ -114,11 +123,15 @@ class Matcher:
             )
         for _ in range(num_tokens):
             self._state = self._history.pop()
+        if self._tokens is not None and num_tokens:
+            del self._tokens[-num_tokens:]
 
     def reset(self) -> None:
         """Return to the initial state and forget the history."""
         self._state = self._automaton.initial_state
         self._history.clear()
+        if self._tokens is not None:
+            self._tokens.clear()
 
     def copy(self) -> Matcher:
         """An independent matcher in the same state, sharing the automaton."""
@@ -126,7 +139,14 @@ class Matcher:
         clone._automaton = self._automaton
         clone._state = self._state
         clone._history = self._history.copy()
+        clone._tokens = None if self._tokens is None else self._tokens.copy()
         return clone
+
+    def __copy__(self) -> Matcher:
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Matcher:
+        return self.copy()  # the automaton is immutable and shared, never copied
 
     def is_terminated(self) -> bool:
         """True once no further token can be accepted: EOS was accepted, or (with
