@@ -138,6 +138,22 @@ SCHEMAS: dict[str, dict[str, Any]] = {
         "required": ["v"],
     },
     "bare enum": {"enum": NAMES + NUMBERS},
+    "formats and patterns": {
+        "type": "object",
+        "properties": {
+            "day": {"type": "string", "format": "date"},
+            "id": {"type": "string", "format": "uuid", "description": "annotations do not matter"},
+            "ip": {"type": "string", "format": "ipv4"},
+            "code": {"type": "string", "pattern": "^[A-Ca-c][0-9]{1,2}(x|é)?$"},
+            "name": {"enum": NAMES},
+            "at": {"type": "string", "format": "time"},
+        },
+        "required": ["day", "id", "ip", "code", "name", "at"],
+    },
+    "format in a union": {
+        "type": "array",
+        "items": {"anyOf": [{"type": "string", "format": "date"}, {"type": "string"}, {"type": "integer"}]},
+    },
 }
 
 
@@ -215,6 +231,29 @@ def test_masks_equal_the_whole_schema(
     assert compiled.stats()["trie_fields"], "the enums went to tries"
     reference = reference_compiler(byte_vocab).compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
     assert compare_walks(compiled, reference, byte_vocab, walks=12, steps=50, seed=zlib.crc32(name.encode())) > 36
+
+
+def test_finite_string_fields_go_to_automata_where_the_language_is_xgrammars(byte_compiler: Compiler) -> None:
+    properties = {
+        "date": {"type": "string", "format": "date"},
+        "ipv6": {"type": "string", "format": "ipv6"},
+        "pattern": {"type": "string", "pattern": "[a-f]{2,3}-[0-9]"},
+        # not dispatched: infinite (time's fraction, *), escapes needed (".", a quote),
+        # other constraints xgrammar would drop, or no string type
+        "time": {"type": "string", "format": "time"},
+        "date-time": {"type": "string", "format": "date-time"},
+        "email": {"type": "string", "format": "email"},
+        "star": {"type": "string", "pattern": "a*"},
+        "dot": {"type": "string", "pattern": "a.b"},
+        "quote": {"type": "string", "pattern": 'a"b'},
+        "bounded": {"type": "string", "format": "date", "maxLength": 12},
+        "both": {"type": "string", "format": "date", "pattern": "[0-9]{4}"},
+        "untyped": {"format": "date"},
+    }
+    compiled = byte_compiler.compile_json_schema({"type": "object", "properties": properties}, min_enum_values=2)
+    paths = [f["paths"] for f in compiled.stats()["trie_fields"]]
+    assert paths == [["$.properties.date.format"], ["$.properties.ipv6.format"], ["$.properties.pattern.pattern"]]
+    assert compiled.stats()["trie_fields"][2]["values"] == 6**2 * 10 + 6**3 * 10
 
 
 def test_separators_and_indent(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:

@@ -380,6 +380,16 @@ def compile_with_pseudo_tokens(
     return automaton, edges
 
 
+def compile_pattern_with_pseudo_tokens(
+    compiler: Compiler, pattern: str, pseudo: TokenIndex
+) -> tuple[DagAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]]:
+    """:func:`compile_with_pseudo_tokens` for a finite pattern (a string field's
+    language, quotes included)."""
+    automaton, edges = compiler._compile_dag(dag_of_pattern(pattern), pattern, eos=False, pseudo=pseudo)
+    assert edges is not None
+    return automaton, edges
+
+
 # --------------------------------------------------------------------------- values
 
 

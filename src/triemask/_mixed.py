@@ -51,8 +51,9 @@ import numpy.typing as npt
 
 from ._automaton import DEAD, TrieAutomaton
 from ._bitmask import as_bitmask_array, bitmask_width
-from ._compile import compile_with_pseudo_tokens
+from ._compile import compile_pattern_with_pseudo_tokens, compile_with_pseudo_tokens
 from ._errors import ArgumentTypeError, IncompatibleValueError, SchemaError, StateError, integer
+from ._regex import unanchored
 from ._schema import dispatch, json_texts, load_schema, placeholder_literal
 from ._token_index import TokenIndex
 from ._vocabulary import Vocabulary
@@ -300,27 +301,44 @@ class _Field:
 
 
 def _compile_field(
-    compiler: Compiler, support: _VocabularySupport, site_paths: tuple[str, ...], values: tuple[Any, ...]
+    compiler: Compiler,
+    support: _VocabularySupport,
+    site_paths: tuple[str, ...],
+    values: tuple[Any, ...],
+    pattern: str | None = None,
 ) -> _Field:
     started = time.perf_counter()
     path = site_paths[0]
-    texts = json_texts(values, path)
-    first = bytes(sorted({t[0] for t in texts}))
-    last = bytes(sorted({t[-1] for t in texts}))
-    pieces = support.pieces(first, last)
-    try:
-        automaton, (piece_ids, dests, offsets) = compile_with_pseudo_tokens(compiler, texts, pieces.index)
-    except IncompatibleValueError as exc:
-        index = texts.index(exc.value) if isinstance(exc.value, bytes) and exc.value in texts else 0
-        raise SchemaError(
-            f"{path}[{index}] {values[index]!r:.60} cannot be spelled with this vocabulary's tokens: {exc}",
-            path=f"{path}[{index}]",
-        ) from None
+    automaton: TrieAutomaton
+    if pattern is not None:  # a finite string field: the pattern's automaton, in quotes
+        texts: list[bytes] = []
+        first = last = b'"'
+        pieces = support.pieces(first, last)
+        try:
+            automaton, (piece_ids, dests, offsets) = compile_pattern_with_pseudo_tokens(
+                compiler, '"(?:' + unanchored(pattern) + ')"', pieces.index
+            )
+        except IncompatibleValueError as exc:
+            raise SchemaError(f"{path}: {exc}", path=path) from None
+    else:
+        texts = json_texts(values, path)
+        first = bytes(sorted({t[0] for t in texts}))
+        last = bytes(sorted({t[-1] for t in texts}))
+        pieces = support.pieces(first, last)
+        try:
+            automaton, (piece_ids, dests, offsets) = compile_with_pseudo_tokens(compiler, texts, pieces.index)
+        except IncompatibleValueError as exc:
+            index = texts.index(exc.value) if isinstance(exc.value, bytes) and exc.value in texts else 0
+            raise SchemaError(
+                f"{path}[{index}] {values[index]!r:.60} cannot be spelled with this vocabulary's tokens: {exc}",
+                path=f"{path}[{index}]",
+            ) from None
     accepting_nodes = automaton.accepting_nodes
     n = automaton.num_nodes
     accepting = np.zeros(n + 1, dtype=bool)
     accepting[accepting_nodes] = True
-    # a value is a leaf unless another value extends it (sorted: then the next one does)
+    # a value is a leaf unless another value extends it (sorted: then the next one does;
+    # a pattern's text ends with its closing quote, which nothing extends)
     ordered = sorted(texts)
     extended = {a for a, b in pairwise(ordered) if b.startswith(a)}
     leaves = accepting.copy()
@@ -436,15 +454,16 @@ class CompiledSchema:
             raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
         ebnf = str(grammar)
         # one trie per distinct value set, one sentinel per trie
-        by_values: dict[tuple[Any, ...], int] = {}
+        by_values: dict[Any, int] = {}
         fields: list[_Field] = []
         width = max(1, (len(sites).bit_length() + 3) // 4)
         for site in sites:
-            key = (tuple(map(type, site.values)), site.values)  # 1 and True are distinct values
+            # 1 and True are distinct values; a pattern is its own key
+            key = (tuple(map(type, site.values)), site.values) if site.pattern is None else ("pattern", site.pattern)
             k = by_values.get(key)
             if k is None:
                 k = by_values[key] = len(fields)
-                built = _compile_field(compiler, support, (site.path,), site.values)
+                built = _compile_field(compiler, support, (site.path,), site.values, site.pattern)
                 fields.append(replace(built, sentinel=_sentinel(k, width)))
             else:
                 fields[k] = replace(fields[k], paths=(*fields[k].paths, site.path))
@@ -499,6 +518,7 @@ class CompiledSchema:
                     "paths": list(f.paths),
                     "values": f.automaton.num_values,
                     "trie_nodes": f.automaton.num_nodes,
+                    "pattern": getattr(f.automaton, "pattern", None),
                     "memory_bytes": f.automaton.memory_bytes,
                     "compile_seconds": f.compile_seconds,
                 }

@@ -32,7 +32,7 @@ import numpy.typing as npt
 
 from ._errors import PatternError, UnboundedPatternError
 
-__all__ = ["FORMATS", "ByteDag", "dag_of_pattern", "dag_of_strings"]
+__all__ = ["FORMATS", "ByteDag", "dag_of_pattern", "dag_of_strings", "unanchored"]
 
 
 # Built-in formats: JSON Schema's ``format`` names whose language is finite, spelled
@@ -610,6 +610,17 @@ def _dag_arrays(
         accepting=accepting,
         level_offsets=level_offsets,
     )
+
+
+def unanchored(pattern: str) -> str:
+    """``pattern`` without a leading ``^`` and a trailing unescaped ``$`` (the same
+    language: patterns are anchored), so that it can be embedded in a larger one."""
+    if pattern.startswith("^"):
+        pattern = pattern[1:]
+    body = pattern[:-1]
+    if pattern.endswith("$") and (len(body) - len(body.rstrip("\\"))) % 2 == 0:  # not an escaped "$"
+        pattern = body
+    return pattern
 
 
 @lru_cache(maxsize=256)

@@ -7,6 +7,14 @@ site*: it is replaced by a ``const`` placeholder before the structure is handed 
 xgrammar, and its values are compiled to a trie over their JSON text, spelled
 exactly as xgrammar spells them (see :func:`json_texts`).
 
+String fields of a finite language are sites too: ``{"type": "string", "format": F}``
+for the formats whose language is finite and equal to xgrammar's (date, uuid, ipv4,
+ipv6) and ``{"type": "string", "pattern": P}`` for a finite ``P`` whose strings need
+no JSON escape; they compile to the pattern's minimal acyclic automaton (with the
+quotes) instead of a trie. ``time`` and ``date-time`` stay in xgrammar, whose
+language for them is infinite (any number of fraction digits), and so does any
+string with other constraints (``minLength``...) or an infinite pattern.
+
 Sites are found wherever they are: object properties, array items, ``$defs``,
 ``anyOf`` branches, and so on. Paths name them in JSONPath style
 (``$.properties.name.enum[3]``), and every error names the path it is about.
@@ -22,11 +30,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._errors import ArgumentTypeError, SchemaError
+import numpy as np
+
+from ._errors import ArgumentTypeError, PatternError, SchemaError
+from ._regex import FORMATS, dag_of_pattern
 
 TOO_DEEP = "the schema is nested too deeply (beyond Python's recursion limit)"
 
-__all__ = ["TOO_DEEP", "EnumSite", "dispatch", "json_texts", "load_schema", "placeholder_literal"]
+__all__ = ["DISPATCHED_FORMATS", "TOO_DEEP", "EnumSite", "dispatch", "json_texts", "load_schema", "placeholder_literal"]
 
 # Keywords whose value is one subschema, a list of them, or a name -> subschema map.
 _ONE = (
@@ -66,6 +77,12 @@ _UNENFORCED = {
 }
 _NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\x7f]')
 _ANNOTATIONS = frozenset({"title", "description", "examples", "default", "deprecated", "$comment", "readOnly"})
+# Formats whose language here is exactly xgrammar's (time and date-time are not: see above).
+DISPATCHED_FORMATS = ("date", "uuid", "ipv4", "ipv6")
+_STRING_KEYS = frozenset({"type", "format", "pattern"})
+# Bytes a JSON string holds only escaped; xgrammar matches a pattern on the raw string
+# (json_string=true) and never allows them, so a pattern that can spell one stays there.
+_ESCAPED_BYTES = np.array([*range(0x20), ord('"'), ord("\\"), 0x7F], dtype=np.uint8)
 
 
 @dataclass(frozen=True)
@@ -73,8 +90,9 @@ class EnumSite:
     """One enum field of a schema: where it is and what it allows."""
 
     path: str
-    values: tuple[Any, ...]  # the JSON values, as given, duplicates removed
+    values: tuple[Any, ...]  # the JSON values, as given, duplicates removed (empty for a pattern)
     placeholder: str  # the const string that stands for it in the structural schema
+    pattern: str | None = None  # a finite string field: the regex of its content (no quotes)
 
 
 def load_schema(schema: Any) -> dict[str, Any]:
@@ -174,6 +192,29 @@ def _enum_values(node: dict[str, Any], path: str) -> tuple[list[Any], str] | Non
     return None
 
 
+def _finite_string(node: dict[str, Any], path: str) -> tuple[str, str] | None:
+    """``(pattern, path)`` of a string field whose language is finite and needs no
+    escapes (see the module docstring), else None."""
+    keys = set(node)
+    if node.get("type") != "string" or not keys & {"format", "pattern"} or keys - _ANNOTATIONS - _STRING_KEYS:
+        return None
+    if "format" in node and "pattern" in node:
+        return None  # xgrammar keeps the format and drops the pattern: leave that to it
+    if "format" in node:
+        fmt = node["format"]
+        return (FORMATS[fmt], f"{path}.format") if fmt in DISPATCHED_FORMATS else None
+    pattern = node.get("pattern")
+    if not isinstance(pattern, str):
+        return None
+    try:
+        dag = dag_of_pattern(pattern)
+    except PatternError:
+        return None  # infinite, or beyond this engine: the structural engine's (and its errors)
+    if np.isin(dag.byte, _ESCAPED_BYTES).any():
+        return None
+    return pattern, f"{path}.pattern"
+
+
 def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, Any], list[EnumSite]]:
     """A copy of ``schema`` with every enum site replaced by a const placeholder
     (``schema`` itself is not modified).
@@ -208,6 +249,11 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
                 placeholder = f"triemask-{nonce}-{len(sites)}"
                 sites.append(EnumSite(found[1], values, placeholder))
                 return {"const": placeholder}
+        finite = _finite_string(node, path)
+        if finite is not None:
+            placeholder = f"triemask-{nonce}-{len(sites)}"
+            sites.append(EnumSite(finite[1], (), placeholder, finite[0]))
+            return {"const": placeholder}
         node = dict(node)  # shallow: the caller's schema is never modified, enum lists are not copied
         for key in _MAP:
             children = node.get(key)
