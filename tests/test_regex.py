@@ -315,3 +315,57 @@ def test_formats_equal_xgrammar_regex_masks(name: str) -> None:
                 token = rng.choice(automaton.allowed_token_ids(state).tolist())
                 assert matcher.accept_token(token)
                 state = automaton.next_state(state, token)
+
+
+SETS = [
+    ["get_user", "get_users", "set_user", "set_users", "delete_user"],
+    ["A00.0", "A00.1", "A00.9", "B01.0", "B01.1", "B01.9", "B02", ""],
+    ["naïve", "café", "é", "ée", "a"],
+]
+
+
+@pytest.mark.parametrize("values", SETS)
+@pytest.mark.parametrize("merges", [[], [b"get", b"_user", b"s", b"A00", b".0", b"\xc3\xa9e", b"user"]])
+@pytest.mark.parametrize("eos", [True, False])
+def test_set_dag_layout_equals_the_trie(values: list[str], merges: list[bytes], eos: bool) -> None:
+    vocab = byte_vocabulary(merges)
+    table = [vocab.token_bytes(i) for i in range(vocab.vocab_size)]
+    compiler = Compiler(vocab)
+    dag = compiler.compile(values, eos=eos, layout="dag")
+    trie = compiler.compile(values, eos=eos)
+    assert isinstance(dag, DagAutomaton) and dag.pattern is None and dag.num_nodes < trie.num_nodes
+    assert dag.values() == trie.values() and dag.num_values == trie.num_values
+    check_language(dag, table, [v.encode() for v in values])
+    # the same masks along every token path of the trie
+    stack = [(trie.initial_state, dag.initial_state)]
+    while stack:
+        t, d = stack.pop()
+        assert trie.allowed_token_ids(t).tolist() == dag.allowed_token_ids(d).tolist()
+        stack.extend((trie.next_state(t, x), dag.next_state(d, x)) for x in trie.allowed_token_ids(t).tolist())
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(st.text(alphabet=ALPHABET, max_size=6), min_size=1, max_size=12),
+    table=vocabularies(),
+)
+def test_random_sets_in_the_dag_layout(values: list[str], table: list[bytes | None]) -> None:
+    vocab = Vocabulary(table, eos_token_ids=[len(table) - 1])
+    try:
+        trie = Compiler(vocab).compile(values)
+    except IncompatibleValueError as error:
+        with pytest.raises(IncompatibleValueError) as again:
+            Compiler(vocab).compile(values, layout="dag")
+        assert again.value.value == error.value
+        return
+    dag = Compiler(vocab).compile(values, layout="dag")
+    check_language(dag, table, [v.encode() for v in values])
+    assert dag.values() == trie.values()
+
+
+def test_set_layout_errors() -> None:
+    compiler = Compiler(byte_vocabulary())
+    with pytest.raises(ValueSetError, match="layout must be"):
+        compiler.compile(["a"], layout="graph")
+    with pytest.raises(ValueSetError, match="str values"):
+        compiler.compile([b"a"], layout="dag")

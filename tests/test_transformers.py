@@ -54,6 +54,37 @@ def test_generation_always_returns_a_member(vocab_name: str) -> None:
             assert _value(automaton, row) in values, (mode, row)
 
 
+@pytest.mark.parametrize("kind", ["date", "uuid", "set as a DAG"])
+def test_generation_with_dag_automata_is_always_in_the_language(kind: str) -> None:
+    import re
+
+    from triemask import FORMATS
+
+    vocab = real_vocabulary("qwen2").vocab
+    compiler = real_compiler("qwen2")
+    values = sorted(set(synthetic_tools(40, seed=2) + NESTED))
+    automaton = compiler.compile(values, layout="dag") if kind == "set as a DAG" else compiler.compile_format(kind)
+    eos = list(automaton.eos_token_ids)
+    rng = np.random.default_rng(1)
+    for seed, mode in enumerate(["greedy", "sample", "beam"]):
+        model = tiny_causal_lm(vocab.vocab_size, seed)
+        ids, mask = _prompts(rng, 3, len(vocab), pad=eos[0])
+        options = {"greedy": {}, "sample": {"do_sample": True, "top_k": 0}, "beam": {"num_beams": 2}}[mode]
+        torch.manual_seed(seed)
+        out = model.generate(  # type: ignore[attr-defined]
+            ids,
+            attention_mask=mask,
+            logits_processor=[TrieLogitsProcessor(automaton)],
+            max_new_tokens=40,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            **options,
+        )
+        for row in out[:, ids.shape[1] :].tolist():
+            value = _value(automaton, row)
+            assert value in values if kind == "set as a DAG" else re.fullmatch(FORMATS[kind], value or "-"), row
+
+
 def test_masks_equal_the_automaton_whatever_the_row_order() -> None:
     automaton = real_compiler("qwen2").compile(NESTED)
     vocab_size = automaton.vocab_size

@@ -542,10 +542,10 @@ def _restore(state: dict[str, Any]) -> TrieAutomaton:
 
 
 class DagAutomaton(TrieAutomaton):
-    """The compiled form of a finite *language* (a regex, a format) for one vocabulary.
+    """The compiled form of a finite *language* (a regex, a format, a set) for one vocabulary.
 
-    Create one with :meth:`triemask.Compiler.compile_regex` or
-    :meth:`~triemask.Compiler.compile_format`. It has the decoding interface of a
+    Create one with :meth:`triemask.Compiler.compile_regex`,
+    :meth:`~triemask.Compiler.compile_format` or ``compile(values, layout="dag")``. It has the decoding interface of a
     :class:`TrieAutomaton` (and is one, for every adapter and batch API), but its
     nodes are the states of the language's minimal acyclic byte automaton, not of a
     trie: a node may be reached by many strings (``2024-01-`` and ``1999-12-`` end
@@ -564,7 +564,7 @@ class DagAutomaton(TrieAutomaton):
         self,
         *,
         dag: Any,
-        pattern: str,
+        pattern: str | None,
         spell_ids: npt.NDArray[np.int32],
         spell_offsets: npt.NDArray[np.int64],
         spell_flat: npt.NDArray[np.uint8],
@@ -603,8 +603,9 @@ class DagAutomaton(TrieAutomaton):
         ]
 
     @property
-    def pattern(self) -> str:
-        """The regular expression this automaton was compiled from."""
+    def pattern(self) -> str | None:
+        """The regular expression this automaton was compiled from (None for a set
+        compiled with ``layout="dag"``)."""
         return self._pattern
 
     @property
@@ -673,8 +674,8 @@ class DagAutomaton(TrieAutomaton):
         """Every string of the language, in byte order (refused above a million)."""
         if self.num_values > 1_000_000:
             raise ValueSetError(
-                f"the language of {self._pattern!r:.80} has {self.num_values} strings; enumerate "
-                "a range of value(i) instead"
+                f"the language of {self._pattern or 'this set'!r:.80} has {self.num_values} strings; "
+                "enumerate a range of value(i) instead"
             )
         return [self.value(i) for i in range(self.num_values)]
 

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from ._automaton import DagAutomaton, TrieAutomaton
 from ._errors import ArgumentTypeError, IncompatibleValueError, ValueSetError
-from ._regex import FORMATS, ByteDag, dag_of_pattern
+from ._regex import FORMATS, ByteDag, dag_of_pattern, dag_of_trie
 from ._token_index import TokenIndex
 from ._trie import ByteTrie, build_trie
 from ._vocabulary import Vocabulary
@@ -79,7 +79,9 @@ class Compiler:
         """Sizes and build time of the per-vocabulary token index."""
         return self._index.stats()
 
-    def compile(self, values: Iterable[str] | Iterable[bytes], *, eos: bool = True) -> TrieAutomaton:
+    def compile(
+        self, values: Iterable[str] | Iterable[bytes], *, eos: bool = True, layout: str = "trie"
+    ) -> TrieAutomaton:
         """Compile the set ``values`` into an automaton.
 
         Parameters
@@ -92,6 +94,13 @@ class Compiler:
             lead to a final state. When False, masks never contain EOS (for use
             inside a larger grammar); ``is_accepting`` / ``value_of`` tell when a
             value is complete.
+        layout : {"trie", "dag"}
+            ``"trie"`` (default): one node per distinct prefix, so a state names its
+            value (``value_of``). ``"dag"``: the set's minimal acyclic automaton, shared
+            suffixes merged too (a :class:`DagAutomaton`): the same masks, often 10-25x
+            less memory and a faster compile on sets with common endings (codes, names
+            with shared suffixes), but a state no longer determines the value: read it
+            with ``Matcher.value`` or ``spell(token_ids)``. Measured in docs/formats.md.
 
         Raises
         ------
@@ -101,6 +110,10 @@ class Compiler:
         IncompatibleValueError
             No sequence of the vocabulary's text tokens spells some value.
         """
+        if layout == "dag":
+            return self._compile_set_dag(values, eos=eos)
+        if layout != "trie":
+            raise ValueSetError(f"layout must be 'trie' or 'dag', got {layout!r:.40}")
         return self._compile(values, eos=eos)[0]
 
     def compile_regex(self, pattern: str, *, eos: bool = True) -> DagAutomaton:
@@ -294,6 +307,16 @@ class Compiler:
         )
         return automaton, pseudo_edges
 
+    def _compile_set_dag(self, values: Iterable[str] | Iterable[bytes], *, eos: bool) -> DagAutomaton:
+        started = time.perf_counter()
+        items, strings, flat, starts, are_str = _encode_values(values)
+        if not are_str:
+            raise ValueSetError("layout='dag' spells values as text: give str values (bytes need layout='trie')")
+        trie = build_trie(flat, starts, strings=strings)
+        if not self._every_byte_is_a_token(trie.byte[1:]):
+            self._compile(items, eos=eos)  # names the first value no token sequence spells, if any
+        return self._compile_dag(dag_of_trie(trie), None, eos=eos, started=started)[0]
+
     def _every_byte_is_a_token(self, edge_bytes: npt.NDArray[np.uint8]) -> bool:
         """True when each byte on an edge is itself a token: then every node is
         reachable byte by byte and can complete its values, so nothing needs pruning."""
@@ -302,11 +325,18 @@ class Compiler:
         return not bool((used & ~self._index.byte_is_token).any())
 
     def _compile_dag(
-        self, dag: ByteDag, pattern: str, *, eos: bool, pseudo: TokenIndex | None = None
+        self,
+        dag: ByteDag,
+        pattern: str | None,
+        *,
+        eos: bool,
+        pseudo: TokenIndex | None = None,
+        started: float | None = None,
     ) -> tuple[DagAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]] | None]:
         """Match the vocabulary against an acyclic byte automaton: the trie compile
-        with several parents per node (see ``_match_dag``)."""
-        started = time.perf_counter()
+        with several parents per node (see ``_match_dag``). ``started``: when the
+        caller's part of the compile began (for ``compile_seconds``)."""
+        started = time.perf_counter() if started is None else started
         if eos and not self._vocab.eos_token_ids:
             raise ValueSetError(
                 "compile(eos=True) needs EOS token ids, and this vocabulary has none: "
@@ -323,7 +353,7 @@ class Compiler:
             if not reachable[accepting].any():
                 raise IncompatibleValueError(
                     f"no string of {pattern!r:.80} can be spelled with this vocabulary's text tokens",
-                    value=pattern,
+                    value=pattern or "",
                     offset=0,
                 )
         words, bits, mask_offsets = _masks(tokens, offsets)

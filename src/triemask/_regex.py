@@ -25,14 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
 import numpy.typing as npt
 
 from ._errors import PatternError, UnboundedPatternError
+from ._trie import ByteTrie, build_trie
 
-__all__ = ["FORMATS", "ByteDag", "dag_of_pattern", "dag_of_strings", "unanchored"]
+__all__ = ["FORMATS", "ByteDag", "dag_of_pattern", "dag_of_strings", "dag_of_trie", "unanchored"]
 
 
 # Built-in formats: JSON Schema's ``format`` names whose language is finite, spelled
@@ -586,9 +587,7 @@ def _minimise(transitions: list[dict[int, int]], accepting: list[bool]) -> ByteD
     return _dag_arrays(len(ordered), sources, bytes_, dests, accept, levels)
 
 
-def _dag_arrays(
-    n: int, sources: list[int], bytes_: list[int], dests: list[int], accept: list[int], levels: npt.NDArray[np.int64]
-) -> ByteDag:
+def _dag_arrays(n: int, sources: Any, bytes_: Any, dests: Any, accept: Any, levels: npt.NDArray[np.int64]) -> ByteDag:
     source = np.asarray(sources, dtype=np.int32)
     byte = np.asarray(bytes_, dtype=np.uint8)
     dest = np.asarray(dests, dtype=np.int32)
@@ -648,21 +647,84 @@ def dag_of_pattern(pattern: str) -> ByteDag:
     return dag
 
 
+def _mix(values: npt.NDArray[np.uint64], seed: int) -> npt.NDArray[np.uint64]:
+    """splitmix64 of ``values ^ seed``: child signatures summed by node stay collision-free
+    in practice (two independent 64-bit mixes per child)."""
+    with np.errstate(over="ignore"):
+        z = values ^ np.uint64(seed)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        result: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
+    return result
+
+
+def dag_of_trie(trie: ByteTrie) -> ByteDag:
+    """The minimal acyclic automaton of a trie's strings: nodes with the same right
+    language (same continuations) merged, with array operations only.
+
+    Nodes are processed by height (the longest path below them); a node's signature is
+    whether it ends a string plus the set of ``(byte, merged child)`` pairs, hashed.
+    """
+    n = trie.num_nodes
+    parent, byte, levels = trie.parent, trie.byte, trie.level_offsets
+    depth = np.repeat(np.arange(len(levels) - 1), np.diff(levels))
+    terminal = np.zeros(n, dtype=bool)
+    terminal[trie.terminal] = True
+    counts = np.bincount(parent[1:], minlength=n)
+    first_child = np.searchsorted(parent[1:], np.arange(n)) + 1
+    height = np.zeros(n, dtype=np.int64)
+    for d in range(len(levels) - 2, 0, -1):  # children sit one level down and are grouped by parent
+        lo, hi = int(levels[d]), int(levels[d + 1])
+        owners = parent[lo:hi]
+        starts = np.flatnonzero(np.concatenate(([True], owners[1:] != owners[:-1])))
+        height[owners[starts]] = np.maximum(height[owners[starts]], np.maximum.reduceat(height[lo:hi] + 1, starts))
+    canon = np.zeros(n, dtype=np.int64)
+    by_height = np.argsort(height, kind="stable")
+    bounds = np.searchsorted(height[by_height], np.arange(int(height.max()) + 2))
+    classes = 0
+    for h in range(len(bounds) - 1):
+        nodes = by_height[bounds[h] : bounds[h + 1]]
+        if not nodes.size:
+            continue
+        k = counts[nodes]
+        total = int(k.sum())
+        children = np.arange(total) + np.repeat(first_child[nodes] - (np.cumsum(k) - k), k)
+        pairs = (byte[children].astype(np.uint64) << np.uint64(40)) | canon[children].astype(np.uint64)
+        group = np.flatnonzero(k)
+        sums = np.zeros((len(nodes), 2), dtype=np.uint64)
+        if total:
+            starts = np.concatenate(([0], np.cumsum(k[group])[:-1]))
+            with np.errstate(over="ignore"):
+                sums[group, 0] = np.add.reduceat(_mix(pairs, 0x9E3779B97F4A7C15), starts)
+                sums[group, 1] = np.add.reduceat(_mix(pairs, 0xD1B54A32D192ED03), starts)
+        extra = (k.astype(np.uint64) << np.uint64(1)) | terminal[nodes]
+        with np.errstate(over="ignore"):
+            key = sums[:, 0] + _mix(extra, 0x2545F4914F6CDD1D)
+            check = sums[:, 1] ^ extra
+        first, inverse = np.unique(key, return_index=True, return_inverse=True)[1:]
+        if not np.array_equal(check, check[first][inverse]):  # a 64-bit collision: compare in full
+            rows = np.column_stack((sums.view(np.int64), k, terminal[nodes]))
+            inverse = np.unique(rows, axis=0, return_inverse=True)[1]
+        canon[nodes] = classes + inverse.reshape(-1)
+        classes += int(inverse.max()) + 1
+    # one representative per class gives its edges; a class's level is its deepest member's depth
+    members, representative = np.unique(canon, return_index=True)
+    level = np.zeros(classes, dtype=np.int64)
+    np.maximum.at(level, canon, depth)
+    order = np.lexsort((members, level))  # new id -> class
+    number = np.empty(classes, dtype=np.int64)
+    number[order] = np.arange(classes)
+    reps = representative[order]
+    k = counts[reps]
+    children = np.arange(int(k.sum())) + np.repeat(first_child[reps] - (np.cumsum(k) - k), k)
+    sources = np.repeat(np.arange(classes), k)
+    accept = np.flatnonzero(terminal[reps])
+    return _dag_arrays(classes, sources, byte[children], number[canon[children]], accept, np.bincount(level[order]))
+
+
 def dag_of_strings(strings: list[bytes]) -> ByteDag:
-    """The minimal acyclic automaton of a finite set of byte strings (tests and
-    set layouts; a trie of the strings, minimised)."""
-    transitions: list[dict[int, int]] = [{}]
-    accepting = [False]
-    for s in strings:
-        node = 0
-        for b in s:
-            following = transitions[node].get(b)
-            if following is None:
-                following = transitions[node][b] = len(transitions)
-                transitions.append({})
-                accepting.append(False)
-            node = following
-        accepting[node] = True
-    dag = _minimise(transitions, accepting)
-    assert dag is not None
-    return dag
+    """The minimal acyclic automaton of a finite set of byte strings."""
+    flat = np.frombuffer(b"".join(strings), dtype=np.uint8)
+    starts = np.zeros(len(strings) + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in strings], out=starts[1:])
+    return dag_of_trie(build_trie(flat, starts))

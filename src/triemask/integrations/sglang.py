@@ -39,6 +39,7 @@ from .._automaton import TrieAutomaton
 from .._compile import Compiler
 from .._matcher import Matcher
 from .._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher
+from .._regex import dag_of_pattern
 from .._schema import TOO_DEEP, dispatch, load_schema
 from ._serving import (
     CompiledSets,
@@ -204,8 +205,9 @@ class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
 
 
 class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
-    """Alternations of literals (regex or EBNF) compile with triemask; anything else goes
-    to ``fallback`` (xgrammar's backend by default, built lazily)."""
+    """Alternations of literals (regex or EBNF) and finite regexes (``\\d{4}-\\d{2}``, no
+    ``*`` or ``+``) compile with triemask; anything else goes to ``fallback``
+    (xgrammar's backend by default, built lazily)."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, eos_token_ids: Any = None, fallback: Any = None) -> None:
         super().__init__()
@@ -230,6 +232,20 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
         except Exception as error:
             logger.error("triemask: invalid %s grammar: %s", kind, error)
             return _INVALID_GRAMMAR
+        if (
+            values is None
+            and kind == "regex"
+            and len(text.encode("utf-8", "surrogatepass")) <= self.limits.max_set_bytes
+        ):
+            try:
+                dag_of_pattern(text)  # finite and within this engine's syntax?
+            except Exception:  # infinite, or a construct only xgrammar reads: xgrammar decides
+                return self._other().dispatch_regex(text)
+            try:
+                return TriemaskGrammar(self.compiler.compile_regex(text))
+            except Exception as error:
+                logger.error("triemask: invalid regex grammar: %s", error)
+                return _INVALID_GRAMMAR
         if values is None:
             return getattr(self._other(), f"dispatch_{kind}")(text)
         try:

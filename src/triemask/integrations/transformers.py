@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._automaton import DEAD, TrieAutomaton
+from .._automaton import DEAD, DagAutomaton, TrieAutomaton
 from .._compile import Compiler
 from .._errors import ArgumentTypeError, BitmaskError, StateError, VocabularyError
 from .._mixed import CompiledSchema, SchemaMatcher, allowed_token_rows
@@ -438,7 +438,10 @@ def _spelled(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
         state = automaton.next_state(state, token)
         if state == DEAD:
             return None
-    value = automaton.value_of(state) if automaton.is_final(state) else None
+    if not automaton.is_final(state):
+        return None
+    # a DagAutomaton's state does not name its text: read it from the tokens
+    value = automaton.spell(tokens) if isinstance(automaton, DagAutomaton) else automaton.value_of(state)
     return value if value is None else str(value)
 
 
