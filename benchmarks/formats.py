@@ -16,6 +16,11 @@ date-time, uuid, ipv4, ipv6), all in this process:
   with triemask's per step on a 1,000-value set as the yardstick;
 * masks compared with xgrammar's at every state of the walks.
 
+Then the two layouts of a *set* on Qwen2.5 (``compile(values, layout="trie" | "dag")``:
+the trie, or the set's minimal acyclic automaton with shared suffixes merged) on
+ICD-10-CM and synthetic tools up to 1,000,000: compile time, memory, per step and a
+128-row batch fill.
+
 The per-vocabulary preparation (triemask's token index, xgrammar's TokenizerInfo,
 llguidance's tokenizer) is done once, outside the timings, for every engine.
 """
@@ -191,6 +196,45 @@ def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, An
     return rows
 
 
+def measure_layouts(quick: bool) -> list[dict[str, Any]]:
+    from triemask.datasets import load_icd10cm
+
+    compiler = Compiler(vocabs.load("qwen2.5").vocab)
+    bitmask = allocate_token_bitmask(128, compiler.vocab.vocab_size)
+    sets = [("ICD-10-CM", load_icd10cm()), ("tools 10,000", synthetic_tools(10_000))]
+    if not quick:
+        sets += [(f"tools {k:,}", synthetic_tools(k)) for k in (1_000, 100_000, 1_000_000)]
+    rows = []
+    for name, values in sets:
+        for layout in ("trie", "dag"):
+            repeats = 3 if len(values) >= 100_000 else 7
+            compile_s = _median(lambda values=values, layout=layout: compiler.compile(values, layout=layout), repeats)
+            automaton = compiler.compile(values, layout=layout)
+            paths = _walks(automaton, 16, seed=1)
+            rng = random.Random(0)
+            states = []
+            for path in (paths * 8)[:128]:  # rows part-way through their values
+                state = automaton.initial_state
+                for token in path[: rng.randrange(len(path))]:
+                    state = automaton.next_state(state, token)
+                states.append(state)
+            rows.append(
+                {
+                    "set": name,
+                    "values": len(values),
+                    "layout": layout,
+                    "nodes": automaton.num_nodes,
+                    "edges": automaton.stats()["edges"],
+                    "memory_bytes": automaton.memory_bytes,
+                    "compile_s": compile_s,
+                    "step_s": _triemask_step(automaton, paths, bitmask[:1], 7),
+                    "batch_128_s": _median(lambda a=automaton, s=states: a.fill_bitmask(bitmask, s), 21),
+                }
+            )
+            log(f"{name} {layout}: {compile_s * 1e3:.0f} ms, {automaton.memory_bytes / 1e6:.2f} MB")
+    return rows
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Fixed formats (paper Table 17), measured here",
@@ -212,6 +256,19 @@ def markdown(results: dict[str, Any]) -> str:
         f"| {r['triemask_step_s'] * 1e6:.1f} | {r['set_1000_step_s'] * 1e6:.1f} | {r['xgrammar_step_s'] * 1e6:.1f} "
         f"| {r['states_differing']}/{r['states_compared']} |"
         for r in results["rows"]
+    )
+    lines += [
+        "",
+        "## Set layouts (Qwen2.5): trie vs minimal DAG",
+        "",
+        "| set | values | layout | nodes | edges | memory MB | compile ms | step us | batch 128 us |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines.extend(
+        f"| {r['set']} | {r['values']:,} | {r['layout']} | {r['nodes']:,} | {r['edges']:,} "
+        f"| {r['memory_bytes'] / 1e6:.2f} | {r['compile_s'] * 1e3:.0f} | {r['step_s'] * 1e6:.1f} "
+        f"| {r['batch_128_s'] * 1e6:.0f} |"
+        for r in results["layouts"]
     )
     return "\n".join(lines) + "\n"
 
@@ -235,6 +292,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": suite.machine()["cpu"],
         "repeats": repeats,
         "rows": rows,
+        "layouts": measure_layouts(options.quick),
     }
     stem = "formats-quick" if options.quick else "formats"
     options.out.mkdir(parents=True, exist_ok=True)
