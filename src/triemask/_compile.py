@@ -344,7 +344,9 @@ class Compiler:
             )
         n, accepting = dag.num_nodes, dag.accepting
         keys = _EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
-        found = _match_dag(dag, self._index, keys)
+        found = _match_dag_by_class(dag, self._index, keys)
+        if found is None:
+            found = _match_dag(dag, self._index, keys)
         if eos:
             found.append(_eos_edges(accepting, n, keys, self._vocab.eos_token_ids))
         tokens, dests, offsets = keys.csr(found, n)
@@ -578,6 +580,154 @@ def _match_dag(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDA
         starts, ends = dag.source[edge].astype(np.int64), ends[entry]
         level += 1
     return found
+
+
+def _byte_classes(dag: ByteDag) -> tuple[npt.NDArray[np.int64], int] | None:
+    """Bytes that label exactly the same (source, destination) pairs are interchangeable:
+    a class id per byte (-1 for bytes on no edge) and the number of classes, or None when
+    classes would not merge at least half of the bytes (then byte matching is as cheap)."""
+    order = np.lexsort((dag.dest, dag.source, dag.byte))
+    byte = dag.byte[order]
+    pair = (dag.source[order].astype(np.uint64) << np.uint64(32)) | dag.dest[order].astype(np.uint64)
+    count = np.bincount(byte, minlength=256)
+    used = np.flatnonzero(count)
+    start = np.concatenate(([0], np.cumsum(count)))
+    with np.errstate(over="ignore"):
+        signature = np.zeros(256, dtype=np.uint64)
+        np.add.at(signature, byte, _mix64(pair))
+        signature += count.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    _, first, inverse = np.unique(signature[used], return_index=True, return_inverse=True)
+    if 2 * len(first) > len(used):
+        return None
+    # exact check: each byte's sorted pairs equal its class representative's
+    representative = used[first][inverse]
+    rank = np.arange(len(byte)) - start[byte]
+    if not np.array_equal(pair, pair[start[representative[np.searchsorted(used, byte)]] + rank]):
+        return None  # a hash collision: match byte by byte
+    classes = np.full(256, -1, dtype=np.int64)
+    classes[used] = inverse.reshape(-1)
+    return classes, len(first)
+
+
+def _mix64(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
+    """splitmix64's finaliser."""
+    with np.errstate(over="ignore"):
+        z = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        mixed: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
+    return mixed
+
+
+def _match_dag_by_class(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArray[np.uint64]] | None:
+    """``_match_dag`` over byte *classes*, for automata whose edges carry many
+    interchangeable bytes (``[0-9A-Fa-f]``): tokens whose bytes have the same classes
+    are allowed in the same places, so the matching runs once per class string.
+
+    1. The token suffixes made of bytes the automaton uses are enumerated in the token
+       index (children are contiguous), and each is mapped to its class string, building
+       the (reversed) trie of class strings and the tokens that end at each of its nodes.
+    2. The backward matching of ``_match_dag`` runs on the automaton with class labels
+       against that small trie.
+    3. Each edge ``a --class string--> m`` becomes an edge for every token of the string.
+
+    Returns None when the classes do not merge enough bytes to pay.
+    """
+    found_classes = _byte_classes(dag)
+    if found_classes is None:
+        return None
+    classes, k = found_classes
+    # the class-labelled automaton: one edge per (source, class, destination), sorted by
+    # destination (determinism then keeps the matching's triples distinct)
+    n = dag.num_nodes
+    labelled = np.unique((dag.dest.astype(np.int64) * n + dag.source) * k + classes[dag.byte])
+    dag_class = labelled % k
+    edge_source = (labelled // k) % n
+    edge_dest = labelled // (k * n)
+    in_offsets = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(edge_dest, minlength=n), out=in_offsets[1:])
+    # class b may come right before class c only if some node has an edge of b in and of c out
+    out_offsets = np.zeros(n + 1, dtype=np.int64)
+    by_source = np.argsort(edge_source, kind="stable")
+    np.cumsum(np.bincount(edge_source, minlength=n), out=out_offsets[1:])
+    outs = np.diff(out_offsets)
+    pairs_in = np.repeat(np.arange(len(labelled)), outs[edge_dest])
+    pairs_out = by_source[
+        np.arange(len(pairs_in))
+        + np.repeat(out_offsets[edge_dest] - (np.cumsum(outs[edge_dest]) - outs[edge_dest]), outs[edge_dest])
+    ]
+    follows = np.zeros(k * k, dtype=bool)
+    follows[dag_class[pairs_in] * k + dag_class[pairs_out]] = True
+    # 1. the (reversed) trie of the class strings of token suffixes made of used bytes,
+    # level by level, only as long as the automaton's longest path and along class pairs
+    # that can follow each other
+    u = np.zeros(1, dtype=np.int64)  # token index nodes
+    c = np.zeros(1, dtype=np.int64)  # class trie nodes
+    last = np.full(1, -1, dtype=np.int64)  # the class that starts the suffix so far (-1: none)
+    nodes = 1
+    table_keys, table_children, visited_u, visited_c = [], [], [], []
+    for _ in range(len(dag.level_offsets) - 2):
+        counts = index.child_offsets[u + 1] - index.child_offsets[u]
+        child = np.arange(int(counts.sum())) + np.repeat(index.child_offsets[u] - (np.cumsum(counts) - counts), counts)
+        parent_c, parent_last = np.repeat(c, counts), np.repeat(last, counts)
+        label = classes[index.node_byte[child]]
+        pair = np.maximum(label, 0) * k + np.maximum(parent_last, 0)
+        keep = (label >= 0) & ((parent_last < 0) | follows[pair])
+        child, parent_c, label = child[keep], parent_c[keep], label[keep]
+        if not child.size:
+            break
+        step_keys, inverse = np.unique(parent_c * k + label, return_inverse=True)
+        table_keys.append(step_keys)
+        table_children.append(np.arange(nodes, nodes + len(step_keys)))
+        u, c, last = child, nodes + inverse.reshape(-1), label
+        nodes += len(step_keys)
+        visited_u.append(u)
+        visited_c.append(c)
+    if not visited_u:
+        return []
+    all_u, all_c = np.concatenate(visited_u), np.concatenate(visited_c)
+    step = np.full(nodes * k + 1, nodes, dtype=np.int64)  # sentinel `nodes`: no such class string
+    step[np.concatenate(table_keys)] = np.concatenate(table_children)
+    has_children = np.zeros(nodes + 1, dtype=bool)
+    has_children[np.concatenate(table_keys) // k] = True
+    # tokens ending at each class trie node (first ids and duplicates)
+    token = index.first_token[all_u]
+    whole = token >= 0
+    groups_c, groups_t = [all_c[whole]], [token[whole]]
+    if index.dup_tokens is not None and index.dup_offsets is not None:
+        lo = index.dup_offsets[all_u]
+        dup_counts = index.dup_offsets[all_u + 1] - lo
+        total = int(dup_counts.sum())
+        if total:
+            at = np.arange(total) + np.repeat(lo - (np.cumsum(dup_counts) - dup_counts), dup_counts)
+            groups_c.append(np.repeat(all_c, dup_counts))
+            groups_t.append(index.dup_tokens[at])
+    group_c, group_t = np.concatenate(groups_c), np.concatenate(groups_t)
+    order = np.argsort(group_c, kind="stable")
+    group_t = group_t[order]
+    group_offsets = np.zeros(nodes + 2, dtype=np.int64)
+    np.cumsum(np.bincount(group_c, minlength=nodes + 1), out=group_offsets[1:])
+    # 2. backward matching on the class-labelled automaton
+    in_degree = np.diff(in_offsets)
+    starts, ends = edge_source, edge_dest
+    suffix = step[dag_class]  # from the class trie's root (node 0)
+    hits_a, hits_c, hits_m = [], [], []
+    while suffix.size:
+        has_tokens = group_offsets[suffix + 1] > group_offsets[suffix]
+        hits_a.append(starts[has_tokens])
+        hits_c.append(suffix[has_tokens])
+        hits_m.append(ends[has_tokens])
+        grow = has_children[suffix] & (in_degree[starts] > 0)
+        starts, ends, suffix = starts[grow], ends[grow], suffix[grow]
+        counts = in_degree[starts]
+        entry = np.repeat(np.arange(len(starts)), counts)
+        edge = np.arange(int(counts.sum())) + np.repeat(in_offsets[starts] - (np.cumsum(counts) - counts), counts)
+        suffix = step[suffix[entry] * k + dag_class[edge]]
+        starts, ends = edge_source[edge], ends[entry]
+    # 3. one edge per token of each matched class string
+    a, cs, m = np.concatenate(hits_a), np.concatenate(hits_c), np.concatenate(hits_m)
+    sizes = group_offsets[cs + 1] - group_offsets[cs]
+    at = np.arange(int(sizes.sum())) + np.repeat(group_offsets[cs] - (np.cumsum(sizes) - sizes), sizes)
+    return [keys.pack(np.repeat(a, sizes), group_t[at], np.repeat(m, sizes).astype(np.uint64))]
 
 
 def _duplicate_edges(

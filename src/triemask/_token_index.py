@@ -50,6 +50,7 @@ class TokenIndex:
         "build_seconds",
         "byte_in_token",
         "byte_is_token",
+        "child_offsets",
         "dense",
         "dense_levels",
         "dup_offsets",
@@ -59,6 +60,7 @@ class TokenIndex:
         "hash_shift",
         "hash_table",
         "level_offsets",
+        "node_byte",
         "num_nodes",
         "vocab",
     )
@@ -103,6 +105,12 @@ class TokenIndex:
 
         self.has_children = np.zeros(n + 1, dtype=bool)
         self.has_children[trie.parent[1:]] = True
+        # Children are contiguous ids in byte order (breadth-first numbering): node u's are
+        # child_offsets[u]:child_offsets[u + 1], with node_byte the byte into each node.
+        self.child_offsets = np.ones(n + 2, dtype=np.int32)
+        np.cumsum(np.bincount(trie.parent[1:], minlength=n + 1), out=self.child_offsets[1:])
+        self.child_offsets[1:] += 1
+        self.node_byte = np.append(trie.byte, np.uint8(0))
 
         # Dense rows for whole levels while they fit the budget.
         levels = 1
@@ -135,6 +143,8 @@ class TokenIndex:
             self.level_offsets,
             self.byte_is_token,
             self.byte_in_token,
+            self.child_offsets,
+            self.node_byte,
         ]
         if self.dup_tokens is not None and self.dup_offsets is not None:
             arrays += [self.dup_tokens, self.dup_offsets]
