@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import pairwise
 from typing import Any, Union
 
 import numpy as np
@@ -466,10 +467,14 @@ class ByteDag:
         return out
 
 
-def _determinise(nfa: _Nfa, start: int, end: int, parser: _Parser) -> tuple[list[dict[int, int]], list[bool]]:
-    """Subset construction: per DFA state, byte -> DFA state; and which states accept."""
+_Row = tuple[tuple[int, int, int], ...]  # (first byte, last byte, target), ascending
 
-    def closure(states: set[int]) -> frozenset[int]:
+
+def _determinise(nfa: _Nfa, start: int, end: int, parser: _Parser) -> tuple[list[_Row], list[bool]]:
+    """Subset construction over byte intervals: per DFA state its transitions and
+    whether it accepts."""
+
+    def closure(states: frozenset[int]) -> frozenset[int]:
         stack = list(states)
         seen = set(states)
         while stack:
@@ -479,82 +484,87 @@ def _determinise(nfa: _Nfa, start: int, end: int, parser: _Parser) -> tuple[list
                     stack.append(t)
         return frozenset(seen)
 
-    first = closure({start})
+    first = closure(frozenset((start,)))
     ids = {first: 0}
     pending = [first]
-    transitions: list[dict[int, int]] = []
-    accepting: list[bool] = []
+    transitions: dict[int, _Row] = {}
+    accepting: dict[int, bool] = {}
+    closures: dict[frozenset[int], frozenset[int]] = {}
     while pending:
         current = pending.pop()
-        by_byte: dict[int, set[int]] = {}
-        for s in current:
-            for lo, hi, t in nfa.moves[s]:
-                for b in range(lo, hi + 1):
-                    by_byte.setdefault(b, set()).add(t)
-        row: dict[int, int] = {}
-        targets: dict[frozenset[int], frozenset[int]] = {}
-        for b, raw in by_byte.items():
-            key = frozenset(raw)
-            following = targets.get(key)
+        moves = [move for s in current for move in nfa.moves[s]]
+        cuts = sorted({lo for lo, _, _ in moves} | {hi + 1 for _, hi, _ in moves})
+        row: list[tuple[int, int, int]] = []
+        for lo, past in pairwise(cuts):  # elementary intervals: every byte in one has the same moves
+            raw = frozenset(t for a, b, t in moves if a <= lo and past - 1 <= b)
+            if not raw:
+                continue
+            following = closures.get(raw)
             if following is None:
-                following = targets[key] = closure(raw)
-            if following not in ids:
+                following = closures[raw] = closure(raw)
+            target = ids.get(following)
+            if target is None:
                 if len(ids) >= _MAX_DFA_STATES:
                     raise parser.fail(f"the pattern's automaton has more than {_MAX_DFA_STATES} states", 0)
-                ids[following] = len(ids)
+                target = ids[following] = len(ids)
                 pending.append(following)
-            row[b] = ids[following]
+            if row and row[-1][2] == target and row[-1][1] == lo - 1:
+                row[-1] = (row[-1][0], past - 1, target)
+            else:
+                row.append((lo, past - 1, target))
         index = ids[current]
-        while len(transitions) <= index:
-            transitions.append({})
-            accepting.append(False)
-        transitions[index] = row
+        transitions[index] = tuple(row)
         accepting[index] = end in current
-    return transitions, accepting
+    count = len(ids)
+    return [transitions[i] for i in range(count)], [accepting[i] for i in range(count)]
 
 
-def _minimise(transitions: list[dict[int, int]], accepting: list[bool]) -> ByteDag | None:
+def _minimise(transitions: list[_Row], accepting: list[bool]) -> ByteDag | None:
     """Revuz's minimisation of an acyclic DFA, then renumbering by level. None when
     the language is empty."""
     n = len(transitions)
-    # Height: the longest path to a state with no edges; states of equal height
-    # are merged when they agree on acceptance and on (byte, merged target).
+    # Height order (children first, by a post-order walk); states are merged when they
+    # agree on acceptance and on their (interval, merged target) transitions.
     order: list[int] = []
     state_of = [0] * n  # 0 unvisited, 1 on the stack, 2 done
     for root in range(n):
         if state_of[root]:
             continue
-        stack = [(root, iter(transitions[root].values()))]
+        stack = [(root, iter(transitions[root]))]
         state_of[root] = 1
         while stack:
             node, children = stack[-1]
-            for child in children:
+            for _, _, child in children:
                 if state_of[child] == 0:
                     state_of[child] = 1
-                    stack.append((child, iter(transitions[child].values())))
+                    stack.append((child, iter(transitions[child])))
                     break
             else:
                 stack.pop()
                 state_of[node] = 2
                 order.append(node)  # post-order: children before parents
     canonical = [-1] * n
-    live = [False] * n
-    signatures: dict[tuple[bool, tuple[tuple[int, int], ...]], int] = {}
+    signatures: dict[tuple[bool, _Row], int] = {}
     for node in order:
-        row = tuple(sorted((b, canonical[t]) for b, t in transitions[node].items() if live[t]))
-        if not row and not accepting[node]:
+        merged: list[tuple[int, int, int]] = []
+        for lo, hi, t in transitions[node]:
+            target = canonical[t]
+            if target < 0:
+                continue  # a dead end
+            if merged and merged[-1][2] == target and merged[-1][1] == lo - 1:
+                merged[-1] = (merged[-1][0], hi, target)
+            else:
+                merged.append((lo, hi, target))
+        if not merged and not accepting[node]:
             continue  # a dead end: nothing is accepted from here
-        live[node] = True
-        key = (accepting[node], row)
-        canonical[node] = signatures.setdefault(key, len(signatures))
-    if not live[0]:
+        canonical[node] = signatures.setdefault((accepting[node], tuple(merged)), len(signatures))
+    if canonical[0] < 0:
         return None
     # The merged automaton: one state per signature, reachable from the start.
-    rows: list[tuple[tuple[tuple[int, int], ...], bool]] = [((), False)] * len(signatures)
+    rows: list[tuple[_Row, bool]] = [((), False)] * len(signatures)
     for (accepts, row), index in signatures.items():
         rows[index] = (row, accepts)
     start = canonical[0]
-    depth = {start: 0}
     # longest distance from the start: relax in topological order (reverse post-order)
     topo: list[int] = []
     seen = {start}
@@ -564,24 +574,27 @@ def _minimise(transitions: list[dict[int, int]], accepting: list[bool]) -> ByteD
         row_n = rows[node][0]
         if i < len(row_n):
             stack2.append((node, i + 1))
-            child = row_n[i][1]
+            child = row_n[i][2]
             if child not in seen:
                 seen.add(child)
                 stack2.append((child, 0))
         else:
             topo.append(node)
     topo.reverse()
+    depth = {start: 0}
     for node in topo:
-        for _, child in rows[node][0]:
+        for _, _, child in rows[node][0]:
             depth[child] = max(depth.get(child, 0), depth[node] + 1)
     ordered = sorted(topo, key=lambda s: (depth[s], s))
     number = {state: i for i, state in enumerate(ordered)}
-    sources, bytes_, dests = [], [], []
+    sources: list[int] = []
+    bytes_: list[int] = []
+    dests: list[int] = []
     for state in ordered:
-        for b, child in rows[state][0]:
-            sources.append(number[state])
-            bytes_.append(b)
-            dests.append(number[child])
+        for lo, hi, child in rows[state][0]:
+            sources += [number[state]] * (hi - lo + 1)
+            bytes_ += range(lo, hi + 1)
+            dests += [number[child]] * (hi - lo + 1)
     accept = sorted(number[s] for s in ordered if rows[s][1])
     levels = np.bincount(np.fromiter((depth[s] for s in ordered), dtype=np.int64, count=len(ordered)))
     return _dag_arrays(len(ordered), sources, bytes_, dests, accept, levels)
