@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import byte_vocabulary
-from triemask import Compiler, Vocabulary
+from triemask import FORMATS, Compiler, DagAutomaton, Vocabulary
 
 torch = pytest.importorskip("torch")
 from triemask.integrations import _serving  # noqa: E402
@@ -20,12 +20,16 @@ from triemask.integrations._serving import (  # noqa: E402
     BatchRows,
     CompiledSets,
     Limits,
+    PatternRequest,
     RequestError,
     SetCompileError,
     SlotStates,
+    constrained_row,
     literal_alternatives,
     load_sets,
+    requested_pattern,
     requested_values,
+    validate_request,
 )
 
 VALUES = ["get", "get_user", "get_users", "user", "us", "🦙", "slack.send_message"]
@@ -89,6 +93,36 @@ def test_malformed_requests_name_the_field(registered, extra_args: dict, message
     monkeypatch.setenv("TRIEMASK_MAX_SET_BYTES", "32")
     with pytest.raises(RequestError, match=message):
         requested_values(extra_args)
+
+
+@pytest.mark.parametrize(
+    ("extra_args", "message"),
+    [
+        ({"triemask_format": "email"}, "'triemask_format': unknown format 'email'; the built-in formats are date"),
+        ({"triemask_format": 3}, "'triemask_format' must be a string, got int 3"),
+        ({"triemask_regex": "[0-9]+"}, r"'triemask_regex': '\+' repeats without bound.* at position 5"),
+        ({"triemask_regex": "(ab"}, r"'triemask_regex': missing '\)' at position 0"),
+        ({"triemask_regex": "a" * 40}, r"'triemask_regex' has 40 bytes, more than the server's limit of 32"),
+        ({"triemask_regex": "a", "triemask_values": ["a"]}, "not both"),
+    ],
+)
+def test_malformed_patterns_are_refused_at_admission(extra_args: dict, message: str, monkeypatch) -> None:  # type: ignore[no-untyped-def,type-arg]
+    monkeypatch.setenv("TRIEMASK_MAX_SET_BYTES", "32")
+    with pytest.raises(RequestError, match=message):
+        validate_request(extra_args)
+
+
+def test_patterns_and_formats_compile_once_and_constrain_rows(sets: CompiledSets) -> None:
+    assert requested_pattern({"triemask_format": "date"}) == PatternRequest("triemask_format", FORMATS["date"])
+    assert requested_pattern({"triemask_values": ["a"]}) is None
+    output: list[int] = []
+    row = constrained_row(sets, {"triemask_regex": "[ab]{2}-?"}, output)
+    assert row is not None and isinstance(row.compiled.automaton, DagAutomaton)
+    assert sets.get(PatternRequest("triemask_regex", "[ab]{2}-?")) is row.compiled  # cached by pattern
+    output.extend(b"ba-")  # the engine appends to its live list
+    row.catch_up()
+    automaton = row.compiled.automaton
+    assert automaton.is_accepting(row.state) and automaton.spell(list(b"ba-")) == "ba-"
 
 
 def test_limits_come_from_the_environment_and_are_checked() -> None:

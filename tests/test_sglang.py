@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 
 from conftest import byte_level_tokenizer
+from triemask import FORMATS
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -114,11 +115,12 @@ def test_custom_logit_processor_keeps_each_request_in_its_set(sglang) -> None:  
     tokenizer = byte_level_tokenizer()
     eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
     rng = np.random.default_rng(0)
-    requests = [_request(f"r{i}", tokenizer) for i in range(6)]
-    params = [
+    requests = [_request(f"r{i}", tokenizer) for i in range(8)]
+    params: list[dict | None] = [  # type: ignore[type-arg]
         {"triemask_values": VALUES} if i % 3 == 0 else {"triemask_values": ["yes", "no"]} if i % 3 == 1 else None
         for i in range(6)
     ]
+    params += [{"triemask_format": "ipv4"}, {"triemask_regex": "[a-c]{2}-[0-9]"}]
     for step in range(40):
         live = [i for i, r in enumerate(requests) if not (r.output_ids and r.output_ids[-1] == eos)]
         if not live:
@@ -134,7 +136,11 @@ def test_custom_logit_processor_keeps_each_request_in_its_set(sglang) -> None:  
     for i, request in enumerate(requests):
         if params[i] is not None:
             assert request.output_ids[-1] == eos
-            assert _spelled(tokenizer, list(request.output_ids)) in params[i]["triemask_values"]
+            text = _spelled(tokenizer, list(request.output_ids))
+            if "triemask_values" in params[i]:
+                assert text in params[i]["triemask_values"]
+            else:
+                assert re.fullmatch(FORMATS["ipv4"] if "triemask_format" in params[i] else "[a-c]{2}-[0-9]", text)
 
 
 @pytest.mark.parametrize(

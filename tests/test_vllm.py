@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -77,7 +78,7 @@ def test_offline_generate_mixes_constrained_and_free_requests(
 ) -> None:
     from vllm import LLM, SamplingParams
 
-    from triemask import Compiler, Matcher, Vocabulary
+    from triemask import FORMATS, Compiler, Matcher, Vocabulary
     from triemask.integrations.vllm import TriemaskLogitsProcessor
 
     tiny_eos = byte_level_tokenizer().eos_token_id  # type: ignore[attr-defined]
@@ -116,6 +117,9 @@ def test_offline_generate_mixes_constrained_and_free_requests(
     for i, extra in enumerate([{"triemask_json_schema": schema}, {"triemask_tools": tools}] * 2):
         prompts.append(f"JSON {i}?")
         params.append(SamplingParams(temperature=float(i // 2), seed=i, max_tokens=60, extra_args=extra))
+    for i, extra in enumerate([{"triemask_format": "date"}, {"triemask_regex": "[a-c]{2}-[0-9]{1,3}"}] * 2):
+        prompts.append(f"Format {i}?")
+        params.append(SamplingParams(temperature=float(i // 2), seed=i, max_tokens=40, extra_args=extra))
     outputs = llm.generate(prompts, params)
     checker = Compiler(
         Vocabulary.from_huggingface(byte_level_tokenizer(), vocab_size=320, eos_token_ids=[])
@@ -137,6 +141,9 @@ def test_offline_generate_mixes_constrained_and_free_requests(
             assert matcher.accept_tokens(tokens) == len(tokens), completion
             if completion.finish_reason == "stop":
                 assert matcher.value == json.loads(completion.text)
+        elif "triemask_format" in extra or "triemask_regex" in extra:
+            pattern = FORMATS["date"] if "triemask_format" in extra else extra["triemask_regex"]
+            assert re.fullmatch(pattern, completion.text) and completion.finish_reason == "stop", completion
         else:
             unconstrained += completion.text not in VALUES  # a random model rambles
     assert unconstrained >= 1
@@ -146,6 +153,8 @@ def test_offline_generate_mixes_constrained_and_free_requests(
         llm.generate(["x"], SamplingParams(max_tokens=4, extra_args={"triemask_values": ["a", 1]}))
     with pytest.raises(VLLMValidationError, match="unknown set 'tools'"):
         llm.generate(["x"], SamplingParams(max_tokens=4, extra_args={"triemask_set": "tools"}))
+    with pytest.raises(VLLMValidationError, match=r"'triemask_regex': .* infinite .* at position 1"):
+        llm.generate(["x"], SamplingParams(max_tokens=4, extra_args={"triemask_regex": "a+"}))
     llm.llm_engine.engine_core.shutdown()  # now, not at interpreter exit after pytest closed its streams
 
 

@@ -43,7 +43,9 @@ VALUES_ARG = "triemask_values"
 SET_ARG = "triemask_set"
 SCHEMA_ARG = "triemask_json_schema"  # a JSON schema (object or JSON text): enum fields in tries
 TOOLS_ARG = "triemask_tools"  # OpenAI-style function specs: {"name": ..., "arguments": ...}
-_ARGS = (VALUES_ARG, SET_ARG, SCHEMA_ARG, TOOLS_ARG)
+REGEX_ARG = "triemask_regex"  # a regex with a finite language (no * or +): its acyclic automaton
+FORMAT_ARG = "triemask_format"  # a built-in format: date, time, date-time, uuid, ipv4, ipv6
+_ARGS = (VALUES_ARG, SET_ARG, SCHEMA_ARG, TOOLS_ARG, REGEX_ARG, FORMAT_ARG)
 SETS_ENV = "TRIEMASK_SETS"  # a file (one set) or a folder of *.txt files (one set each)
 CACHE_BYTES_ENV = "TRIEMASK_CACHE_BYTES"
 DEFAULT_CACHE_BYTES = 1 << 30
@@ -272,10 +274,55 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
     return SchemaRequest(kind, text)
 
 
+@dataclass(frozen=True)
+class PatternRequest:
+    """A request's finite regex (a format is its pattern), checked at admission."""
+
+    kind: str  # REGEX_ARG or FORMAT_ARG
+    pattern: str
+
+
+def requested_pattern(extra_args: Mapping[str, Any] | None, limits: Limits | None = None) -> PatternRequest | None:
+    """The finite regex or format a request asks for, or None.
+
+    The pattern's automaton does not depend on the vocabulary, so everything is checked
+    here: the type, the size (within ``$TRIEMASK_MAX_SET_BYTES``), the format's name, and
+    that the pattern parses, is finite and stays within the automaton limits. Raises
+    :class:`RequestError` naming the field and the offending position (HTTP 400).
+    """
+    if not extra_args or not isinstance(extra_args, Mapping):
+        return None
+    kind = next((arg for arg in (REGEX_ARG, FORMAT_ARG) if extra_args.get(arg) is not None), None)
+    if kind is None:
+        return None
+    from .._errors import PatternError
+    from .._regex import FORMATS, dag_of_pattern
+
+    given = extra_args[kind]
+    limits = Limits.from_env() if limits is None else limits
+    if not isinstance(given, str):
+        raise RequestError(f"{kind!r} must be a string, got {type(given).__qualname__} {given!r:.40}")
+    if kind == FORMAT_ARG:
+        if given not in FORMATS:
+            raise RequestError(f"{kind!r}: unknown format {given!r:.60}; the built-in formats are {', '.join(FORMATS)}")
+        return PatternRequest(kind, FORMATS[given])
+    size = len(given.encode("utf-8", "surrogatepass"))
+    if size > limits.max_set_bytes:
+        raise RequestError(
+            f"{kind!r} has {size} bytes, more than the server's limit of {limits.max_set_bytes} (${MAX_SET_BYTES_ENV})"
+        )
+    try:
+        dag_of_pattern(given)
+    except PatternError as error:
+        raise RequestError(f"{kind!r}: {error}") from None
+    return PatternRequest(kind, given)
+
+
 def validate_request(extra_args: Any, limits: Limits | None = None) -> None:
     """Every admission check of a request's triemask arguments (raises RequestError)."""
     requested_values(extra_args, limits)
     requested_schema(extra_args, limits)
+    requested_pattern(extra_args, limits)
 
 
 _REGEX_META = frozenset(".^$*+?{}[]\\|()")
@@ -421,6 +468,13 @@ class CompiledSets:
         on_device = DeviceAutomaton(automaton, self.device)
         return CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes + self.ENTRY_OVERHEAD)
 
+    def _compile_pattern(self, request: PatternRequest) -> CompiledSet:
+        from .torch import DeviceAutomaton
+
+        automaton = self.compiler.compile_regex(request.pattern)
+        on_device = DeviceAutomaton(automaton, self.device)
+        return CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes + self.ENTRY_OVERHEAD)
+
     def _compile_schema(self, request: SchemaRequest) -> CompiledSet:
         given = json.loads(request.text)
         if request.kind == SCHEMA_ARG:
@@ -429,10 +483,15 @@ class CompiledSets:
             schema = self.compiler.compile_tools(given)  # a tool's arguments compile when it is chosen
         return CompiledSet(None, None, schema.memory_bytes + self.ENTRY_OVERHEAD, schema)
 
-    def get(self, values: Sequence[str] | SchemaRequest) -> CompiledSet:
-        """The compiled set (or schema); raises :class:`SetCompileError` (with the reason)
-        for one that cannot be compiled, now or at an earlier request."""
-        key = self.key([values.kind, values.text]) if isinstance(values, SchemaRequest) else self.key(values)
+    def get(self, values: Sequence[str] | SchemaRequest | PatternRequest) -> CompiledSet:
+        """The compiled set (or schema, or pattern); raises :class:`SetCompileError` (with
+        the reason) for one that cannot be compiled, now or at an earlier request."""
+        if isinstance(values, SchemaRequest):
+            key = self.key([values.kind, values.text])
+        elif isinstance(values, PatternRequest):
+            key = self.key([REGEX_ARG, values.pattern])
+        else:
+            key = self.key(values)
         with self._lock:
             entry = self._pinned.get(key) or self._entries.get(key)
             if entry is not None:
@@ -443,7 +502,12 @@ class CompiledSets:
         if failure is not None:
             raise SetCompileError(failure)
         try:
-            entry = self._compile_schema(values) if isinstance(values, SchemaRequest) else self._compile(values)
+            if isinstance(values, SchemaRequest):
+                entry = self._compile_schema(values)
+            elif isinstance(values, PatternRequest):
+                entry = self._compile_pattern(values)
+            else:
+                entry = self._compile(values)
         except Exception as error:
             message = f"{type(error).__name__}: {error}"[:500]
             with self._lock:
@@ -611,9 +675,11 @@ def constrained_row(sets: CompiledSets, extra_args: Any, output_ids: Sequence[in
     error naming the reason is logged: it ends at once, the rest of the batch goes on.
     """
     try:
-        values: Sequence[str] | SchemaRequest | None = requested_values(extra_args)
+        values: Sequence[str] | SchemaRequest | PatternRequest | None = requested_values(extra_args)
         if values is None:
             values = requested_schema(extra_args)
+        if values is None:
+            values = requested_pattern(extra_args)
         if values is None:
             return None
         return Row(sets.get(values), output_ids)

@@ -8,22 +8,25 @@ Custom logit processor (server started with ``--enable-custom-logit-processor``)
 Each row's state is advanced from that request's ``output_ids``; all rows of one set are
 masked with one device operation. Sets are compiled on first sight against the
 request's tokenizer and cached (``$TRIEMASK_CACHE_BYTES``); ``triemask_set`` names a set
-registered from ``$TRIEMASK_SETS``. SGLang runs the processor inside the forward pass and
-has no admission hook for ``custom_params``, so the processor checks a request's arguments
-(and the limits of ``$TRIEMASK_MAX_*``) the first time it sees it, once: a request that
-fails any check, or whose set does not compile, is finished with an abort naming the
-reason (``req.set_finish_with_abort``) and its row allows only EOS. Nothing raises out
-of the forward pass.
+registered from ``$TRIEMASK_SETS``; ``triemask_regex`` (a finite regex) and
+``triemask_format`` (``date``, ``uuid``...) constrain to a language instead. SGLang
+runs the processor inside the forward pass and has no admission hook for
+``custom_params``, so the processor checks a request's arguments (and the limits of
+``$TRIEMASK_MAX_*``) the first time it sees it, once: a request that fails any check,
+or whose set does not compile, is finished with an abort naming the reason
+(``req.set_finish_with_abort``) and its row allows only EOS. Nothing raises out of the
+forward pass.
 
 Grammar backend (``--grammar-backend triemask`` once :func:`register` has run, e.g. from
 the ``sglang.srt.plugins`` entry point this package declares): SGLang has no ``choice``
 request type, so the backend takes the alternations SGLang requests already carry, a
 ``regex`` such as ``(yes|no|maybe)`` or an ``ebnf`` such as ``root ::= "yes" | "no"``,
-compiles them with triemask; a ``json_schema`` with a large enum field (at least
-``triemask.DEFAULT_MIN_ENUM_VALUES`` values) compiles with triemask's mixed schemas
-(enums in tries, structure in xgrammar), and every other grammar goes to xgrammar
-unchanged: the paper's constraint-aware dispatch. A grammar that
-cannot be compiled (an oversize set, a value the vocabulary cannot spell, a lone
+and compiles them with triemask, as it does any regex whose language is finite
+(``[0-9]{4}-[0-9]{2}``: its minimal acyclic automaton); a ``json_schema`` with a large
+enum field (at least ``triemask.DEFAULT_MIN_ENUM_VALUES`` values) compiles with
+triemask's mixed schemas (enums in tries, structure in xgrammar), and every other
+grammar goes to xgrammar unchanged: the paper's constraint-aware dispatch. A grammar
+that cannot be compiled (an oversize set, a value the vocabulary cannot spell, a lone
 surrogate) is SGLang's invalid-grammar result, and SGLang aborts that request alone.
 """
 
@@ -42,6 +45,10 @@ from .._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher
 from .._regex import dag_of_pattern
 from .._schema import TOO_DEEP, dispatch, load_schema
 from ._serving import (
+    FORMAT_ARG,
+    REGEX_ARG,
+    SET_ARG,
+    VALUES_ARG,
     CompiledSets,
     Limits,
     Row,
@@ -50,6 +57,7 @@ from ._serving import (
     hf_vocabulary,
     literal_alternatives,
     mask_rows,
+    requested_pattern,
     requested_values,
 )
 
@@ -92,14 +100,18 @@ def _sets_for(req: Any, device: Any) -> CompiledSets:
         return _SETS[key]
 
 
+_ROW_ARGS = (VALUES_ARG, SET_ARG, REGEX_ARG, FORMAT_ARG)
+
+
 class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
-    """Keep each request that passes ``triemask_values`` / ``triemask_set`` in its
-    ``custom_params`` inside that set; other rows are returned unchanged."""
+    """Keep each request that passes ``triemask_values`` / ``triemask_set`` (or a finite
+    ``triemask_regex`` / ``triemask_format``) in its ``custom_params`` inside that set or
+    language; other rows are returned unchanged."""
 
     def __call__(self, logits: Any, custom_param_list: list[dict[str, Any] | None] | None = None) -> Any:
         rows: dict[int, Row] = {}
         for index, params in enumerate(custom_param_list or []):
-            if not isinstance(params, Mapping) or not any(key in params for key in ("triemask_values", "triemask_set")):
+            if not isinstance(params, Mapping) or not any(key in params for key in _ROW_ARGS):
                 continue
             req: Any = params.get("__req__")
             if req is None:  # SGLang always passes the request; without it there is no state to follow
@@ -126,7 +138,8 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
             _abort(req, f"triemask: the request's tokenizer cannot be used: {error}")
             return None
         try:
-            values = requested_values({k: v for k, v in params.items() if k != "__req__"})
+            arguments = {k: v for k, v in params.items() if k != "__req__"}
+            values = requested_values(arguments) or requested_pattern(arguments)
             if values is None:
                 return None  # the keys are there, but empty: no constraint
             row = Row(sets.get(values), req.output_ids)
