@@ -153,7 +153,7 @@ def test_offline_generate_mixes_constrained_and_free_requests(
         llm.generate(["x"], SamplingParams(max_tokens=4, extra_args={"triemask_values": ["a", 1]}))
     with pytest.raises(VLLMValidationError, match="unknown set 'tools'"):
         llm.generate(["x"], SamplingParams(max_tokens=4, extra_args={"triemask_set": "tools"}))
-    with pytest.raises(VLLMValidationError, match=r"'triemask_regex': .* infinite .* at position 1"):
+    with pytest.raises(VLLMValidationError, match=r"'triemask_regex': .* infinite.* at position 1"):
         llm.generate(["x"], SamplingParams(max_tokens=4, extra_args={"triemask_regex": "a+"}))
     llm.llm_engine.engine_core.shutdown()  # now, not at interpreter exit after pytest closed its streams
 
