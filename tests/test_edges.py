@@ -161,7 +161,29 @@ def _public_calls() -> dict[str, object]:
         "from_tiktoken": Vocabulary.from_tiktoken,
         "from_huggingface": Vocabulary.from_huggingface,
         "from_mistral": Vocabulary.from_mistral,
+        **_pattern_calls(compiler),
         **_schema_calls(),
+    }
+
+
+def _pattern_calls(compiler: Compiler) -> dict[str, object]:
+    """Regexes, formats and the DAG automaton's own methods."""
+    dag = compiler.compile_regex("(a|b)?ab")
+    matcher = Matcher(dag)
+    return {
+        "compile_regex": compiler.compile_regex,
+        "compile_regex(eos)": lambda x: compiler.compile_regex("ab", eos=x),
+        "compile_format": compiler.compile_format,
+        "compile(layout)": lambda x: compiler.compile(["ab", "b"], layout=x),
+        "compile(values, layout=dag)": lambda x: compiler.compile(x, layout="dag"),
+        "dag spell": dag.spell,
+        "dag value": dag.value,
+        "dag value_of": dag.value_of,
+        "dag is_accepting": dag.is_accepting,
+        "dag next_state": lambda x: dag.next_state(x, 0),
+        "dag fill_bitmask(states)": lambda x: dag.fill_bitmask(allocate_token_bitmask(2, 4), x),
+        "dag accept_tokens": lambda x: matcher.copy().accept_tokens(x),
+        "dag rollback": lambda x: matcher.copy().rollback(x),
     }
 
 

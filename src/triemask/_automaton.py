@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
-from ._errors import StateError, ValueIndexError, ValueSetError, integer
+from ._errors import ArgumentTypeError, StateError, ValueIndexError, ValueSetError, integer
 
 __all__ = ["DEAD", "DagAutomaton", "TrieAutomaton"]
 
@@ -545,8 +545,9 @@ class DagAutomaton(TrieAutomaton):
     """The compiled form of a finite *language* (a regex, a format, a set) for one vocabulary.
 
     Create one with :meth:`triemask.Compiler.compile_regex`,
-    :meth:`~triemask.Compiler.compile_format` or ``compile(values, layout="dag")``. It has the decoding interface of a
-    :class:`TrieAutomaton` (and is one, for every adapter and batch API), but its
+    :meth:`~triemask.Compiler.compile_format` or ``compile(values, layout="dag")``.
+    It has the decoding interface of a :class:`TrieAutomaton` (and is one, for every
+    adapter and batch API), but its
     nodes are the states of the language's minimal acyclic byte automaton, not of a
     trie: a node may be reached by many strings (``2024-01-`` and ``1999-12-`` end
     at one node of ``date``), so a state does not determine the text. The text is
@@ -555,10 +556,10 @@ class DagAutomaton(TrieAutomaton):
     States: ``0 .. num_nodes - 1`` are nodes (0 is the start), ``num_nodes + j`` is
     the final state reached by EOS from the ``j``-th accepting node, DEAD is -1.
     ``num_values`` is the number of strings in the language (a Python int: a UUID
-    has 16**32), ``value(i)`` the ``i``-th of them in byte order.
+    has 22**32 spellings), ``value(i)`` the ``i``-th of them in byte order.
     """
 
-    __slots__ = ("_counts", "_dag", "_pattern", "_spell_flat", "_spell_ids", "_spell_offsets")
+    __slots__ = ("_counts", "_dag", "_out_edges", "_pattern", "_spell_flat", "_spell_ids", "_spell_offsets")
 
     def __init__(
         self,
@@ -578,7 +579,9 @@ class DagAutomaton(TrieAutomaton):
         self._spell_flat = spell_flat
         for array in (spell_ids, spell_offsets, spell_flat):
             array.flags.writeable = False
+        # computed on first use (value counts and indexing only): idempotent, so thread-safe
         self._counts: list[int] | None = None
+        self._out_edges: list[list[tuple[int, int]]] | None = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         base = super().__reduce__()[1][0]
@@ -627,9 +630,13 @@ class DagAutomaton(TrieAutomaton):
             "read it from the tokens with spell(token_ids) or Matcher.value"
         )
 
-    def spell(self, token_ids: Sequence[int]) -> str | None:
+    def spell(self, token_ids: Iterable[int]) -> str | None:
         """The string ``token_ids`` spell from the initial state when it is complete
         (a member of the language), else None; an EOS and what follows it are ignored."""
+        if not isinstance(token_ids, Iterable) or isinstance(token_ids, str | bytes):
+            raise ArgumentTypeError(
+                f"token_ids must be an iterable of integers, got {type(token_ids).__name__} {token_ids!r:.40}"
+            )
         state = 0
         pieces: list[bytes] = []
         ids = self._spell_ids
@@ -655,7 +662,9 @@ class DagAutomaton(TrieAutomaton):
         counts = self._path_counts()
         if not 0 <= index < counts[0]:
             raise ValueIndexError(f"value index {index} is outside [0, {counts[0]})")
-        out = self._dag._out_edges()
+        if self._out_edges is None:
+            self._out_edges = self._dag.out_edges()
+        out = self._out_edges
         accepting = set(self._dag.accepting.tolist())
         node, spelled = 0, bytearray()
         while True:

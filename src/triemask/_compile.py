@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from ._automaton import DagAutomaton, TrieAutomaton
 from ._errors import ArgumentTypeError, IncompatibleValueError, ValueSetError
-from ._regex import FORMATS, ByteDag, dag_of_pattern, dag_of_trie
+from ._regex import FORMATS, ByteDag, dag_of_pattern, dag_of_trie, mix64
 from ._token_index import TokenIndex
 from ._trie import ByteTrie, build_trie
 from ._vocabulary import Vocabulary
@@ -594,7 +594,7 @@ def _byte_classes(dag: ByteDag) -> tuple[npt.NDArray[np.int64], int] | None:
     start = np.concatenate(([0], np.cumsum(count)))
     with np.errstate(over="ignore"):
         signature = np.zeros(256, dtype=np.uint64)
-        np.add.at(signature, byte, _mix64(pair))
+        np.add.at(signature, byte, mix64(pair))
         signature += count.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
     _, first, inverse = np.unique(signature[used], return_index=True, return_inverse=True)
     if 2 * len(first) > len(used):
@@ -607,15 +607,6 @@ def _byte_classes(dag: ByteDag) -> tuple[npt.NDArray[np.int64], int] | None:
     classes = np.full(256, -1, dtype=np.int64)
     classes[used] = inverse.reshape(-1)
     return classes, len(first)
-
-
-def _mix64(values: npt.NDArray[np.uint64]) -> npt.NDArray[np.uint64]:
-    """splitmix64's finaliser."""
-    with np.errstate(over="ignore"):
-        z = (values ^ (values >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        mixed: npt.NDArray[np.uint64] = z ^ (z >> np.uint64(31))
-    return mixed
 
 
 def _match_dag_by_class(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArray[np.uint64]] | None:

@@ -32,9 +32,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ._errors import PatternError, UnboundedPatternError
-from ._trie import ByteTrie, build_trie
+from ._trie import ByteTrie
 
-__all__ = ["FORMATS", "ByteDag", "dag_of_pattern", "dag_of_strings", "dag_of_trie", "unanchored"]
+__all__ = ["FORMATS", "ByteDag", "dag_of_pattern", "dag_of_trie", "mix64", "unanchored"]
 
 
 # Built-in formats: JSON Schema's ``format`` names whose language is finite, spelled
@@ -161,9 +161,7 @@ class _Parser:
             if c == "$" and self.pos == len(self.pattern) - 1:
                 self.pos += 1  # the trailing anchor: the match is anchored anyway
                 break
-            start = self.pos
-            atom = self.atom(depth)
-            parts.append(self.quantified(atom, start))
+            parts.append(self.quantified(self.atom(depth)))
         return parts[0] if len(parts) == 1 else _Concat(tuple(parts))
 
     def atom(self, depth: int) -> _Node:
@@ -218,7 +216,7 @@ class _Parser:
         high = None if comma and not high_text else int(high_text) if comma else low
         return low, high, end + 1 - self.pos
 
-    def quantified(self, atom: _Node, start: int) -> _Node:
+    def quantified(self, atom: _Node) -> _Node:
         while (c := self.peek()) is not None:
             at = self.pos
             if c in "*+":
@@ -250,7 +248,6 @@ class _Parser:
             if low > _MAX_NFA_STATES or high > _MAX_NFA_STATES:
                 raise self.fail(f"repetition count {high} is too large", at)
             atom = _Repeat(atom, low, high)
-        del start
         return atom
 
     def escape(self, *, in_class: bool) -> tuple[tuple[int, int], ...]:
@@ -454,12 +451,12 @@ class ByteDag:
         counts = [0] * n
         for node in self.accepting.tolist():
             counts[node] = 1
-        out = self._out_edges()
+        out = self.out_edges()
         for node in range(n - 1, -1, -1):  # deeper levels first
             counts[node] += sum(counts[d] for _, d in out[node])
         return counts
 
-    def _out_edges(self) -> list[list[tuple[int, int]]]:
+    def out_edges(self) -> list[list[tuple[int, int]]]:
         """``(byte, destination)`` of each node's edges, bytes ascending."""
         out: list[list[tuple[int, int]]] = [[] for _ in range(self.num_nodes)]
         for s, b, d in sorted(zip(self.source.tolist(), self.byte.tolist(), self.dest.tolist(), strict=True)):
@@ -660,9 +657,9 @@ def dag_of_pattern(pattern: str) -> ByteDag:
     return dag
 
 
-def _mix(values: npt.NDArray[np.uint64], seed: int) -> npt.NDArray[np.uint64]:
-    """splitmix64 of ``values ^ seed``: child signatures summed by node stay collision-free
-    in practice (two independent 64-bit mixes per child)."""
+def mix64(values: npt.NDArray[np.uint64], seed: int = 0) -> npt.NDArray[np.uint64]:
+    """splitmix64's finaliser of ``values ^ seed``: hashes whose sums identify sets (of a
+    node's children, of a byte's edges), checked exactly where a collision would matter."""
     with np.errstate(over="ignore"):
         z = values ^ np.uint64(seed)
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -708,11 +705,11 @@ def dag_of_trie(trie: ByteTrie) -> ByteDag:
         if total:
             starts = np.concatenate(([0], np.cumsum(k[group])[:-1]))
             with np.errstate(over="ignore"):
-                sums[group, 0] = np.add.reduceat(_mix(pairs, 0x9E3779B97F4A7C15), starts)
-                sums[group, 1] = np.add.reduceat(_mix(pairs, 0xD1B54A32D192ED03), starts)
+                sums[group, 0] = np.add.reduceat(mix64(pairs, 0x9E3779B97F4A7C15), starts)
+                sums[group, 1] = np.add.reduceat(mix64(pairs, 0xD1B54A32D192ED03), starts)
         extra = (k.astype(np.uint64) << np.uint64(1)) | terminal[nodes]
         with np.errstate(over="ignore"):
-            key = sums[:, 0] + _mix(extra, 0x2545F4914F6CDD1D)
+            key = sums[:, 0] + mix64(extra, 0x2545F4914F6CDD1D)
             check = sums[:, 1] ^ extra
         first, inverse = np.unique(key, return_index=True, return_inverse=True)[1:]
         if not np.array_equal(check, check[first][inverse]):  # a 64-bit collision: compare in full
@@ -733,11 +730,3 @@ def dag_of_trie(trie: ByteTrie) -> ByteDag:
     sources = np.repeat(np.arange(classes), k)
     accept = np.flatnonzero(terminal[reps])
     return _dag_arrays(classes, sources, byte[children], number[canon[children]], accept, np.bincount(level[order]))
-
-
-def dag_of_strings(strings: list[bytes]) -> ByteDag:
-    """The minimal acyclic automaton of a finite set of byte strings."""
-    flat = np.frombuffer(b"".join(strings), dtype=np.uint8)
-    starts = np.zeros(len(strings) + 1, dtype=np.int64)
-    np.cumsum([len(s) for s in strings], out=starts[1:])
-    return dag_of_trie(build_trie(flat, starts))
