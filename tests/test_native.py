@@ -1,0 +1,200 @@
+"""The C kernel against the NumPy reference: the same answers and the same typed errors for
+every call, on random vocabularies, sets and arguments; the fallbacks (TRIEMASK_NATIVE=0, no
+extension) behave identically; the kernel never reads or writes out of bounds, whatever
+arrays it is given."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import byte_vocabulary
+from triemask import Compiler, Matcher, TriemaskError, Vocabulary, _automaton, allocate_token_bitmask
+
+pytestmark = pytest.mark.skipif(not _automaton.NATIVE, reason="built without the C extension")
+
+ALPHABET = b"abc\xc3"
+words = st.binary(min_size=0, max_size=5).map(lambda b: bytes(ALPHABET[x % len(ALPHABET)] for x in b))
+
+
+def twins(vocab: Vocabulary, values: list[bytes], monkeypatch: pytest.MonkeyPatch, **options: Any) -> tuple[Any, Any]:
+    """The same set compiled with the kernel and without it (the reference)."""
+    compiler = Compiler(vocab)
+    native = compiler.compile(values, **options)
+    with monkeypatch.context() as patch:
+        patch.setattr(_automaton, "_KERNELS", None)
+        reference = compiler.compile(values, **options)
+    assert _automaton.native_kernel(native) is not None and _automaton.native_kernel(reference) is None
+    return native, reference
+
+
+def outcome(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """A call's result, or its error's type and message (the reference raises typed errors)."""
+    try:
+        result = call(*args, **kwargs)
+    except TriemaskError as error:
+        return type(error), str(error)
+    return result.tolist() if isinstance(result, np.ndarray) else result
+
+
+ODD = [-2, -1, True, np.int64(1), np.uint64(3), 1.0, "1", None, 2**40, -(2**70)]
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(
+    merges=st.lists(st.binary(min_size=2, max_size=3).map(lambda b: bytes(ALPHABET[x % 4] for x in b)), max_size=6),
+    values=st.lists(words, min_size=1, max_size=8),
+    picks=st.lists(st.integers(0, 10_000), min_size=1, max_size=40),
+    odd=st.sampled_from(ODD),
+)
+def test_kernel_equals_reference(
+    merges: list[bytes], values: list[bytes], picks: list[int], odd: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    vocab = byte_vocabulary(merges)
+    native, reference = twins(vocab, values, monkeypatch)
+    states = list(range(-1, native.num_states + 1))
+    tokens = list(range(vocab.vocab_size + 1))
+    chosen = [states[p % len(states)] for p in picks]
+    toks = [tokens[p % len(tokens)] for p in picks]
+    for state, token in zip(chosen, toks, strict=True):
+        assert outcome(native.next_state, state, token) == outcome(reference.next_state, state, token)
+    for arguments in ((odd, 0), (0, odd)):
+        assert outcome(native.next_state, *arguments) == outcome(reference.next_state, *arguments)
+    for batch in (chosen, np.asarray(chosen, dtype=np.int32), [*chosen[:-1], odd]):
+        same = (batch, toks if len(batch) == len(toks) else toks[: len(batch)])
+        assert outcome(native.next_states, *same) == outcome(reference.next_states, *same)
+    width = allocate_token_bitmask(1, vocab.vocab_size).shape[1]
+    for batch, rows in (
+        (chosen[:1], None),
+        (chosen, None),
+        (chosen, list(range(len(chosen)))[::-1]),
+        (chosen, [0] * len(chosen)),
+        ([odd], None),
+        (chosen[:2], [0, odd]),
+    ):
+        mine, theirs = (np.full((len(chosen) + 1, width), 7, dtype=np.int32) for _ in range(2))
+        got = outcome(native.fill_bitmask, mine, batch, rows=rows)
+        assert got == outcome(reference.fill_bitmask, theirs, batch, rows=rows)
+        assert np.array_equal(mine, theirs)
+    for row in (0, 1, -1, len(chosen) + 1, odd):
+        mine, theirs = (np.full((len(chosen) + 1, width), 7, dtype=np.int32) for _ in range(2))
+        state = chosen[0]
+        assert outcome(native.fill_row, mine, state, row) == outcome(reference.fill_row, theirs, state, row)
+        assert np.array_equal(mine, theirs)
+
+
+def test_bitmasks_the_kernel_defers(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    native, reference = twins(byte_vocabulary(), [b"ab", b"b"], monkeypatch)
+    width = allocate_token_bitmask(1, native.vocab_size).shape[1]
+    buffers = [
+        lambda: np.zeros((2, width), dtype=np.int32)[:, ::1],
+        lambda: np.zeros((2, width), dtype=np.uint32),
+        lambda: np.zeros((2, width), dtype=np.float32),
+        lambda: np.zeros((2, width + 1), dtype=np.int32),
+        lambda: np.zeros((2, 2 * width), dtype=np.int32)[:, ::2],
+        lambda: np.zeros((width,), dtype=np.int32),
+        lambda: torch.zeros((2, width), dtype=torch.int32),
+        lambda: np.zeros((2, width), dtype=np.int32).T.copy().T,
+    ]
+    read_only = np.zeros((2, width), dtype=np.int32)
+    read_only.flags.writeable = False
+    buffers.append(lambda: read_only)
+    for make in buffers:
+        mine, theirs = make(), make()
+        assert outcome(native.fill_bitmask, mine, [0]) == outcome(reference.fill_bitmask, theirs, [0])
+        assert outcome(native.fill_bitmask, mine, [0, 1] * 20) == outcome(reference.fill_bitmask, theirs, [0, 1] * 20)
+        assert np.array_equal(np.asarray(mine), np.asarray(theirs))
+
+
+def test_matchers_agree_and_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pickle
+
+    native, reference = twins(byte_vocabulary([b"get", b"_user"]), [b"get", b"get_user", b"set"], monkeypatch)
+    ours, theirs = Matcher(native), Matcher(reference)
+    width = allocate_token_bitmask(1, native.vocab_size).shape[1]
+    for token in [*b"ge", 256, 257, True, -5, *b"t_user", 999_999]:
+        a, b = np.zeros((2, width), dtype=np.int32), np.zeros((2, width), dtype=np.int32)
+        ours.fill_next_token_bitmask(a, 1)
+        theirs.fill_next_token_bitmask(b, 1)
+        assert np.array_equal(a, b)
+        assert ours.accept_token(token) == theirs.accept_token(token) and ours.state == theirs.state
+    restored = pickle.loads(pickle.dumps(ours))
+    assert restored.value == ours.value == b"get_user"
+    assert _automaton.native_kernel(restored.automaton) is not None
+
+
+@pytest.mark.parametrize(
+    "environment",
+    [{"TRIEMASK_NATIVE": "0"}, {"TRIEMASK_BLOCK_NATIVE": "1"}],  # switched off; extension missing
+)
+def test_fallbacks_give_the_same_masks(environment: dict[str, str]) -> None:
+    script = """
+import os, sys, hashlib
+if os.environ.get("TRIEMASK_BLOCK_NATIVE"):
+    sys.modules["triemask._native"] = None  # as if built without a C compiler
+import numpy as np
+from triemask import Compiler, Vocabulary, allocate_token_bitmask, _automaton
+vocab = Vocabulary([bytes([b]) for b in range(256)] + [b"ab", b"abc", None], eos_token_ids=258)
+automaton = Compiler(vocab).compile(["abc", "abd", "b", "xyz"])
+bitmask = allocate_token_bitmask(4, vocab.vocab_size)
+automaton.fill_bitmask(bitmask, [0, 1, automaton.next_state(0, 256), -1])
+digest = hashlib.sha256(bitmask.tobytes()).hexdigest()
+print(_automaton.NATIVE, digest, automaton.next_states([0, 0], [97, 256]).tolist())
+"""
+    env = {**os.environ, **environment}
+    fallback = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    native = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert fallback.stdout.split()[0] == "False" and native.stdout.split()[0] == "True"
+    assert fallback.stdout.split()[1:] == native.stdout.split()[1:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(min_size=36, max_size=200))
+def test_kernel_fuzz_target(data: bytes) -> None:
+    """tests/fuzz_native.py's target (run with atheris by hand), briefly."""
+    from fuzz_native import kernel_target
+
+    kernel_target(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 6), min_size=6, max_size=6),
+    data=st.data(),
+)
+def test_kernel_rejects_inconsistent_arrays(sizes: list[int], data: st.DataObject) -> None:
+    """A fuzz of the kernel's inputs: arbitrary arrays either build a kernel whose every
+    call stays in bounds, or are refused with ValueError; never a crash."""
+    from triemask import _native
+
+    ints = st.integers(-3, 8)
+    arrays = [np.asarray(data.draw(st.lists(ints, min_size=n, max_size=n)), dtype=np.int32) for n in sizes]
+    arrays[4] = arrays[4].astype(np.int64)
+    num_nodes, num_states, width = (
+        data.draw(st.integers(0, 4)),
+        data.draw(st.integers(0, 8)),
+        data.draw(st.integers(1, 4)),
+    )
+    try:
+        kernel = _native.Kernel(*arrays, num_nodes, num_states, width)
+    except ValueError:
+        return
+    bitmask = np.zeros((3, width), dtype=np.int32)
+    for state in range(-2, num_states + 2):
+        for token in range(-1, 9):
+            following = kernel.next(state, token)
+            assert following is None or -1 <= following < num_states
+        for row in (-1, 0, 2, 3):
+            kernel.fill(bitmask, row, state)
+    kernel.fill_batch(bitmask, [0, 1, -1], [2, 1, 0])
+    kernel.next_batch(list(range(-1, num_states)), [0] * (num_states + 1), np.zeros(num_states + 1, dtype=np.int32))
