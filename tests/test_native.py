@@ -198,3 +198,27 @@ def test_kernel_rejects_inconsistent_arrays(sizes: list[int], data: st.DataObjec
             kernel.fill(bitmask, row, state)
     kernel.fill_batch(bitmask, [0, 1, -1], [2, 1, 0])
     kernel.next_batch(list(range(-1, num_states)), [0] * (num_states + 1), np.zeros(num_states + 1, dtype=np.int32))
+
+
+def test_threads_share_one_automaton(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batch calls release the GIL: threads filling from one automaton at once get the
+    reference's rows."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    native, reference = twins(byte_vocabulary([b"ab", b"abc"]), [b"abc", b"abd", b"b", b"xyz", b""], monkeypatch)
+    states = [s % native.num_states for s in range(200)]
+    expected = allocate_token_bitmask(len(states), native.vocab_size)
+    reference.fill_bitmask(expected, states)
+    expected_next = reference.next_states(states, [97] * len(states))
+
+    def work(seed: int) -> bool:
+        bitmask = allocate_token_bitmask(len(states), native.vocab_size)
+        same = True
+        for _ in range(50):
+            native.fill_bitmask(bitmask, states)
+            same &= np.array_equal(bitmask, expected)
+            same &= np.array_equal(native.next_states(states, [97] * len(states)), expected_next)
+        return same
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(work, range(8)))
