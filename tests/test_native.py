@@ -29,9 +29,14 @@ def twins(vocab: Vocabulary, values: list[bytes], monkeypatch: pytest.MonkeyPatc
     compiler = Compiler(vocab)
     native = compiler.compile(values, **options)
     with monkeypatch.context() as patch:
-        patch.setattr(_automaton, "_KERNELS", None)
+        patch.setattr(_automaton, "KERNELS", None)
         reference = compiler.compile(values, **options)
     assert _automaton.native_kernel(native) is not None and _automaton.native_kernel(reference) is None
+    # the C compile loops lay out exactly the arrays the NumPy compiler does
+    mine, theirs = native.__reduce__()[1][0], reference.__reduce__()[1][0]
+    for name, array in mine.items():
+        if isinstance(array, np.ndarray):
+            assert array.dtype == theirs[name].dtype and np.array_equal(array, theirs[name]), name
     return native, reference
 
 
@@ -90,6 +95,38 @@ def test_kernel_equals_reference(
         state = chosen[0]
         assert outcome(native.fill_row, mine, state, row) == outcome(reference.fill_row, theirs, state, row)
         assert np.array_equal(mine, theirs)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    table=st.lists(words.filter(bool), min_size=1, max_size=12),
+    singles=st.booleans(),
+    values=st.lists(words, min_size=1, max_size=10),
+    eos=st.booleans(),
+)
+def test_compile_loops_equal_reference(
+    table: list[bytes], singles: bool, values: list[bytes], eos: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random vocabularies (duplicate byte strings, missing single bytes: the pruning path)."""
+    tokens: list[bytes | None] = [*table, *([bytes([b]) for b in ALPHABET] if singles else []), None]
+    vocab = Vocabulary(tokens, eos_token_ids=[len(tokens) - 1])
+    try:
+        twins(vocab, values, monkeypatch, eos=eos)
+    except TriemaskError as error:  # the same error from both
+        with monkeypatch.context() as patch:
+            patch.setattr(_automaton, "KERNELS", None)
+            with pytest.raises(type(error)) as again:
+                Compiler(vocab).compile(values, eos=eos)
+        assert str(again.value) == str(error)
+
+
+def test_real_vocabulary_compiles_identically(monkeypatch: pytest.MonkeyPatch) -> None:
+    from conftest import real_vocabulary
+    from triemask.datasets import load_icd10cm, synthetic_tools
+
+    vocab = real_vocabulary("qwen2").vocab
+    twins(vocab, [v.encode() for v in synthetic_tools(3_000)], monkeypatch)
+    twins(vocab, [v.encode() for v in load_icd10cm()[:5_000]], monkeypatch, eos=False)
 
 
 def test_bitmasks_the_kernel_defers(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -222,3 +259,14 @@ def test_threads_share_one_automaton(monkeypatch: pytest.MonkeyPatch) -> None:
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(work, range(8)))
+
+
+def test_the_c_compiler_has_no_packed_key_limit() -> None:
+    """The NumPy compiler packs (source, token, destination) into 64 bits and refuses a set
+    of 10,000 values against 2**31 - 1 logits; the C compiler lays the same edges out."""
+    vocab = Vocabulary([bytes([b]) for b in range(256)] + [None], eos_token_ids=256, vocab_size=2**31 - 1)
+    rng = np.random.default_rng(0)
+    large = sorted({"".join(chr(c) for c in rng.integers(97, 123, 10)) for _ in range(10_000)})
+    automaton = Compiler(vocab).compile(large)
+    matcher = Matcher(automaton)
+    assert matcher.accept_tokens([*large[123].encode(), 256]) == 11 and matcher.value == large[123]

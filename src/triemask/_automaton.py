@@ -14,16 +14,16 @@ import numpy.typing as npt
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
 from ._errors import ArgumentTypeError, StateError, ValueIndexError, ValueSetError, integer
 
-__all__ = ["DEAD", "NATIVE", "DagAutomaton", "TrieAutomaton", "native_kernel"]
+__all__ = ["DEAD", "KERNELS", "NATIVE", "DagAutomaton", "TrieAutomaton", "native_kernel"]
 
-_KERNELS: ModuleType | None = None
+KERNELS: ModuleType | None = None  # triemask._native when in use (the compiler uses it too)
 if os.environ.get("TRIEMASK_NATIVE", "1") != "0":
     try:  # the C loops (src/triemask/_native.c); the NumPy code below is the reference
-        from . import _native as _KERNELS
+        from . import _native as KERNELS
     except ImportError:  # built without a C compiler
-        _KERNELS = None
+        KERNELS = None
 
-NATIVE = _KERNELS is not None
+NATIVE = KERNELS is not None
 """Whether automata use the C extension (False without a compiler at install time, or with
 ``TRIEMASK_NATIVE=0``). Results are identical either way; only the speed differs."""
 
@@ -160,8 +160,8 @@ class TrieAutomaton:
         self._tokens_view = edge_tokens.data
         self._dests_view = edge_dests.data
         self._kernel: Any = None
-        if _KERNELS is not None:
-            self._kernel = _KERNELS.Kernel(
+        if KERNELS is not None:
+            self._kernel = KERNELS.Kernel(
                 edge_offsets,
                 edge_tokens,
                 edge_dests,

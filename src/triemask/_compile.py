@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from . import _automaton
 from ._automaton import DagAutomaton, TrieAutomaton
 from ._errors import ArgumentTypeError, IncompatibleValueError, ValueSetError
 from ._regex import FORMATS, ByteDag, dag_of_pattern, dag_of_trie, mix64
@@ -269,17 +270,34 @@ class Compiler:
         items, strings, flat, starts, are_str = _encode_values(values)
         trie = build_trie(flat, starts, strings=strings)
         n, k = trie.num_nodes, trie.num_strings
-        keys = _EdgeKeys(n, n + k, self._vocab.vocab_size)
-        found = _match(trie, self._index, keys)
-        if eos:
-            found.append(_eos_edges(trie.terminal, trie.num_nodes, keys, self._vocab.eos_token_ids))
-        tokens, dests, offsets = keys.csr(found, n)
+        eos_ids = self._vocab.eos_token_ids if eos else ()
+        native = _automaton.KERNELS
+        if native is not None:  # the same matching and layout in C (see _match)
+            if n + k >= 1 << 31:
+                raise ValueSetError(f"{n + k} states exceed triemask's 32-bit state ids; split the set")
+            try:
+                csr = native.match_trie(
+                    self._index.native_tables(),
+                    trie.parent,
+                    trie.byte,
+                    trie.terminal,
+                    np.asarray(eos_ids, dtype=np.int64),
+                )
+            except OverflowError as error:  # over 2**31 edges
+                raise ValueSetError(f"{error}") from None
+            offsets, tokens, dests = (np.frombuffer(b, dtype=np.int32) for b in csr)
+        else:
+            keys = _EdgeKeys(n, n + k, self._vocab.vocab_size)
+            found = _match(trie, self._index, keys)
+            if eos:
+                found.append(_eos_edges(trie.terminal, trie.num_nodes, keys, eos_ids))
+            tokens, dests, offsets = keys.csr(found, n)
         if not self._every_byte_is_a_token(trie.byte[1:]):
             tokens, dests, offsets, reachable = _prune(n, trie.level_offsets, trie.terminal, tokens, dests, offsets)
             spelled = reachable[trie.terminal]
             if not spelled.all():
                 _raise_incompatible(trie, self._index, reachable, int(np.flatnonzero(~spelled)[0]), are_str)
-        words, bits, mask_offsets = _masks(tokens, offsets)
+        words, bits, mask_offsets = _layout_masks(tokens, offsets)
         terminal_order = np.argsort(trie.terminal, kind="stable").astype(np.int32)
         pseudo_edges = None
         if pseudo is not None:
@@ -358,7 +376,7 @@ class Compiler:
                     value=pattern or "",
                     offset=0,
                 )
-        words, bits, mask_offsets = _masks(tokens, offsets)
+        words, bits, mask_offsets = _layout_masks(tokens, offsets)
         spell_ids = np.unique(tokens[dests < n])
         lengths, starts, data = self._vocab._table()
         spell_lengths = lengths[spell_ids].astype(np.int64)
@@ -748,6 +766,21 @@ def _eos_edges(
 
 
 # --------------------------------------------------------------------------- masks
+
+
+def _layout_masks(
+    tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """``_masks``, in C when the extension is in use."""
+    native = _automaton.KERNELS
+    if native is None:
+        return _masks(tokens, offsets)
+    mask_offsets, words, bits = native.masks(tokens, offsets)
+    return (
+        np.frombuffer(words, dtype=np.int64),
+        np.frombuffer(bits, dtype=np.int32),
+        np.frombuffer(mask_offsets, dtype=np.int32),
+    )
 
 
 def _masks(

@@ -20,3 +20,22 @@ class Kernel:
     def fill(self, bitmask: Any, row: Any, state: Any, /) -> bool | None: ...
     def fill_batch(self, bitmask: Any, states: Any, rows: Any, /) -> bool | None: ...
     def next_batch(self, states: Any, tokens: Any, out: Any, /) -> bool | None: ...
+
+class Tables:
+    def __init__(
+        self,
+        dense: Any,
+        dense_nodes: int,
+        hash_table: Any,
+        hash_shift: int,
+        first_token: Any,
+        has_children: Any,
+        dup_offsets: Any,
+        dup_tokens: Any,
+        /,
+    ) -> None: ...
+
+def match_trie(
+    tables: Tables, parent: Any, byte: Any, terminal: Any, eos_ids: Any, /
+) -> tuple[bytearray, bytearray, bytearray]: ...
+def masks(tokens: Any, offsets: Any, /) -> tuple[bytearray, bytearray, bytearray]: ...

@@ -60,6 +60,7 @@ class TokenIndex:
         "hash_shift",
         "hash_table",
         "level_offsets",
+        "native",
         "node_byte",
         "num_nodes",
         "vocab",
@@ -132,7 +133,26 @@ class TokenIndex:
         self.byte_in_token = np.bincount(raw, minlength=256) > 0
         for array in self._arrays():
             array.flags.writeable = False
+        self.native: Any = None  # the C compiler's view of the tables, made on first use
         self.build_seconds = time.perf_counter() - started
+
+    def native_tables(self) -> Any:
+        """The tables as the C extension's ``Tables`` (checked once, then shared by every
+        compile); only called when the extension is in use."""
+        if self.native is None:
+            from . import _native
+
+            self.native = _native.Tables(
+                self.dense,
+                len(self.dense) // 256,
+                self.hash_table,
+                self.hash_shift,
+                self.first_token,
+                self.has_children,
+                self.dup_offsets,
+                self.dup_tokens,
+            )
+        return self.native
 
     def _arrays(self) -> list[npt.NDArray[Any]]:
         arrays = [
