@@ -270,3 +270,29 @@ def test_the_c_compiler_has_no_packed_key_limit() -> None:
     automaton = Compiler(vocab).compile(large)
     matcher = Matcher(automaton)
     assert matcher.accept_tokens([*large[123].encode(), 256]) == 11 and matcher.value == large[123]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    strings=st.lists(
+        st.binary(max_size=6).map(lambda b: bytes(b"ab\x00\xff"[x % 4] for x in b)), min_size=1, max_size=14
+    )
+)
+def test_trie_construction_equals_reference(strings: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C trie (one sort, one pass) against _trie.build_trie's NumPy construction: NUL
+    and 0xFF bytes, empty strings, duplicates, with and without the inverse."""
+    from triemask._trie import build_trie
+
+    flat = np.frombuffer(b"".join(strings), dtype=np.uint8)
+    starts = np.zeros(len(strings) + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in strings], out=starts[1:])
+    for inverse in (False, True):
+        native = build_trie(flat, starts, return_inverse=inverse)
+        with monkeypatch.context() as patch:
+            patch.setattr(_automaton, "KERNELS", None)
+            reference = build_trie(flat, starts, return_inverse=inverse)
+        for field in ("parent", "byte", "level_offsets", "terminal", "flat", "starts", "inverse"):
+            mine, theirs = getattr(native, field), getattr(reference, field)
+            assert (mine is None) == (theirs is None), field
+            if mine is not None:
+                assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), field

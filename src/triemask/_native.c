@@ -801,9 +801,193 @@ done:
     return result;
 }
 
+/* ------------------------------------------------------------------ tries */
+
+typedef struct {
+    const uint8_t *data;
+    int64_t length;
+    int64_t index; /* position in the input */
+} Str;
+
+static int str_order(const void *x, const void *y) {
+    const Str *a = (const Str *)x, *b = (const Str *)y;
+    int64_t shared = a->length < b->length ? a->length : b->length;
+    int c = shared ? memcmp(a->data, b->data, (size_t)shared) : 0;
+    if (c) {
+        return c;
+    }
+    if (a->length != b->length) {
+        return a->length < b->length ? -1 : 1;
+    }
+    return (a->index > b->index) - (a->index < b->index); /* stable: equal strings keep input order */
+}
+
+/* build_trie(flat uint8, starts int64[k + 1], want_inverse)
+ *   -> (parent int32, byte uint8, level_offsets int64, terminal int32, flat uint8, starts int64,
+ *       inverse int64 | None) as bytearrays
+ * The breadth-first trie of _trie.build_trie: distinct strings sorted (bytes order), nodes
+ * numbered by depth and, within a depth, in the order of the strings that create them. */
+static PyObject *build_trie(PyObject *module, PyObject *args) {
+    PyObject *flat_obj, *starts_obj;
+    int want_inverse;
+    if (!PyArg_ParseTuple(args, "OOp", &flat_obj, &starts_obj, &want_inverse)) {
+        return NULL;
+    }
+    Py_buffer flat, starts;
+    if (get_vector(flat_obj, &flat, 1, "flat") < 0) {
+        return NULL;
+    }
+    if (get_vector(starts_obj, &starts, 8, "starts") < 0) {
+        PyBuffer_Release(&flat);
+        return NULL;
+    }
+    PyObject *result = NULL, *outs[7] = {NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+    Str *order = NULL;
+    int64_t *pre_parent = NULL, *pre_depth = NULL, *bfs = NULL, *path = NULL, *level_count = NULL, *distinct_of = NULL;
+    uint8_t *pre_byte = NULL;
+    const uint8_t *data = (const uint8_t *)flat.buf;
+    const int64_t *st = (const int64_t *)starts.buf;
+    Py_ssize_t k = starts.shape[0] - 1;
+    int ok = k >= 1 && st[0] == 0 && st[k] == flat.shape[0];
+    int64_t longest = 0;
+    for (Py_ssize_t i = 0; ok && i < k; i++) {
+        ok = st[i + 1] >= st[i];
+        if (ok && st[i + 1] - st[i] > longest) {
+            longest = st[i + 1] - st[i];
+        }
+    }
+    if (!ok) {
+        PyErr_SetString(PyExc_ValueError, "build_trie: starts must rise from 0 to len(flat)");
+        goto done;
+    }
+    order = (Str *)PyMem_Malloc((size_t)k * sizeof(Str));
+    distinct_of = (int64_t *)PyMem_Malloc((size_t)k * sizeof(int64_t));
+    path = (int64_t *)PyMem_Malloc((size_t)(longest + 1) * sizeof(int64_t));
+    level_count = (int64_t *)PyMem_Calloc((size_t)longest + 2, sizeof(int64_t));
+    /* at most one node per input byte, plus the root */
+    pre_parent = (int64_t *)PyMem_Malloc((size_t)(flat.shape[0] + 1) * sizeof(int64_t));
+    pre_depth = (int64_t *)PyMem_Malloc((size_t)(flat.shape[0] + 1) * sizeof(int64_t));
+    bfs = (int64_t *)PyMem_Malloc((size_t)(flat.shape[0] + 1) * sizeof(int64_t));
+    pre_byte = (uint8_t *)PyMem_Malloc((size_t)(flat.shape[0] + 1));
+    if (!order || !distinct_of || !path || !level_count || !pre_parent || !pre_depth || !bfs || !pre_byte) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int64_t nodes = 1, distinct = 0, distinct_bytes = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < k; i++) {
+        order[i] = (Str){data + st[i], st[i + 1] - st[i], i};
+    }
+    qsort(order, (size_t)k, sizeof(Str), str_order);
+    pre_parent[0] = 0;
+    pre_depth[0] = 0;
+    pre_byte[0] = 0;
+    path[0] = 0;
+    level_count[0] = 1;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        const Str *s = &order[i];
+        int64_t lcp = 0;
+        if (i > 0) {
+            const Str *p = &order[i - 1];
+            int64_t shared = s->length < p->length ? s->length : p->length;
+            while (lcp < shared && s->data[lcp] == p->data[lcp]) {
+                lcp++;
+            }
+            if (lcp == s->length && lcp == p->length) { /* a duplicate */
+                distinct_of[s->index] = distinct - 1;
+                continue;
+            }
+        }
+        for (int64_t d = lcp + 1; d <= s->length; d++) {
+            pre_parent[nodes] = path[d - 1];
+            pre_depth[nodes] = d;
+            pre_byte[nodes] = s->data[d - 1];
+            level_count[d]++;
+            path[d] = nodes++;
+        }
+        distinct_of[s->index] = distinct;
+        order[distinct] = *s; /* compact the distinct strings to the front, in order */
+        order[distinct].index = path[s->length]; /* now: the preorder id of its terminal node */
+        distinct++;
+        distinct_bytes += s->length;
+    }
+    Py_END_ALLOW_THREADS
+    char *buffers[7];
+    int64_t levels = 0;
+    while (levels <= longest && level_count[levels]) {
+        levels++;
+    }
+    outs[0] = new_bytes(nodes * 4, &buffers[0]);
+    outs[1] = new_bytes(nodes, &buffers[1]);
+    outs[2] = new_bytes((levels + 1) * 8, &buffers[2]);
+    outs[3] = new_bytes(distinct * 4, &buffers[3]);
+    outs[4] = new_bytes(distinct_bytes, &buffers[4]);
+    outs[5] = new_bytes((distinct + 1) * 8, &buffers[5]);
+    if (want_inverse) {
+        outs[6] = new_bytes(k * 8, &buffers[6]);
+    }
+    for (int i = 0; i < 7; i++) {
+        if (outs[i] == NULL && (i < 6 || want_inverse)) {
+            goto done;
+        }
+    }
+    if (nodes >= INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "more than 2**31 trie nodes: split the set");
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    int64_t *level_offsets = (int64_t *)buffers[2];
+    level_offsets[0] = 0;
+    for (int64_t d = 0; d < levels; d++) {
+        level_offsets[d + 1] = level_offsets[d] + level_count[d];
+        level_count[d] = level_offsets[d]; /* the next free id of each depth */
+    }
+    for (int64_t p = 0; p < nodes; p++) { /* preorder is lexicographic: stable by depth = BFS */
+        bfs[p] = level_count[pre_depth[p]]++;
+    }
+    int32_t *parent = (int32_t *)buffers[0];
+    uint8_t *byte = (uint8_t *)buffers[1];
+    for (int64_t p = 0; p < nodes; p++) {
+        parent[bfs[p]] = (int32_t)bfs[pre_parent[p]];
+        byte[bfs[p]] = pre_byte[p];
+    }
+    int32_t *terminal = (int32_t *)buffers[3];
+    uint8_t *out_flat = (uint8_t *)buffers[4];
+    int64_t *out_starts = (int64_t *)buffers[5];
+    out_starts[0] = 0;
+    for (int64_t i = 0; i < distinct; i++) {
+        terminal[i] = (int32_t)bfs[order[i].index];
+        if (order[i].length) {
+            memcpy(out_flat + out_starts[i], order[i].data, (size_t)order[i].length);
+        }
+        out_starts[i + 1] = out_starts[i] + order[i].length;
+    }
+    if (want_inverse) {
+        memcpy(buffers[6], distinct_of, (size_t)k * sizeof(int64_t));
+    }
+    Py_END_ALLOW_THREADS
+    result = PyTuple_Pack(7, outs[0], outs[1], outs[2], outs[3], outs[4], outs[5], want_inverse ? outs[6] : Py_None);
+done:
+    PyBuffer_Release(&flat);
+    PyBuffer_Release(&starts);
+    for (int i = 0; i < 7; i++) {
+        Py_XDECREF(outs[i]);
+    }
+    PyMem_Free(order);
+    PyMem_Free(distinct_of);
+    PyMem_Free(path);
+    PyMem_Free(level_count);
+    PyMem_Free(pre_parent);
+    PyMem_Free(pre_depth);
+    PyMem_Free(bfs);
+    PyMem_Free(pre_byte);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
     {"masks", masks, METH_VARARGS, "Bitmask words of each node from its sorted tokens (see _compile._masks)."},
+    {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {NULL, NULL, 0, NULL},
 };
 

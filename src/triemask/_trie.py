@@ -23,6 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from . import _automaton
+
 __all__ = ["ByteTrie", "build_trie"]
 
 # Above this many cells the padded (strings x longest) matrix is not worth building.
@@ -176,6 +178,20 @@ def build_trie(
         The same strings as Python bytes, when the caller has them (numpy pads
         those faster than it scatters ``flat``).
     """
+    native = _automaton.KERNELS
+    if native is not None:  # the same construction in C (one sort of the strings, one pass)
+        parent, byte, levels, terminal, distinct, offsets, inverse = native.build_trie(
+            np.ascontiguousarray(flat, dtype=np.uint8), np.ascontiguousarray(starts, dtype=np.int64), return_inverse
+        )
+        return ByteTrie(
+            parent=np.frombuffer(parent, dtype=np.int32),
+            byte=np.frombuffer(byte, dtype=np.uint8),
+            level_offsets=np.frombuffer(levels, dtype=np.int64),
+            terminal=np.frombuffer(terminal, dtype=np.int32),
+            flat=np.frombuffer(distinct, dtype=np.uint8),
+            starts=np.frombuffer(offsets, dtype=np.int64),
+            inverse=None if inverse is None else np.frombuffer(inverse, dtype=np.int64),
+        )
     k_in = len(starts) - 1
     width = int(np.diff(starts).max())
     cells = k_in * width
