@@ -296,3 +296,27 @@ def test_trie_construction_equals_reference(strings: list[bytes], monkeypatch: p
             assert (mine is None) == (theirs is None), field
             if mine is not None:
                 assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), field
+
+
+def test_token_index_tables_equal_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C-built trie and hash table answer every transition as the NumPy-built ones."""
+    from conftest import real_vocabulary
+    from triemask._token_index import TokenIndex
+
+    vocab = real_vocabulary("mistral-spm-32k").vocab
+    native = TokenIndex(vocab)
+    with monkeypatch.context() as patch:
+        patch.setattr(_automaton, "KERNELS", None)
+        reference = TokenIndex(vocab)
+    for field in ("first_token", "has_children", "dense", "level_offsets", "child_offsets", "node_byte"):
+        assert np.array_equal(getattr(native, field), getattr(reference, field)), field
+    rng = np.random.default_rng(0)
+    levels = native.level_offsets
+    for level in range(native.dense_levels, len(levels) - 2):
+        nodes = np.arange(levels[level], levels[level + 1], dtype=np.int32)
+        for byte in rng.integers(0, 256, 8).astype(np.uint8):
+            bytes_ = np.full(len(nodes), byte, dtype=np.uint8)
+            assert np.array_equal(native.step(nodes, bytes_, level), reference.step(nodes, bytes_, level))
+        children = np.arange(native.child_offsets[levels[level]], native.child_offsets[levels[level + 1]])
+        parents = np.repeat(nodes, np.diff(native.child_offsets[levels[level] : levels[level + 1] + 1]))
+        assert np.array_equal(native.step(parents, native.node_byte[children], level), children)

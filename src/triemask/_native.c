@@ -804,13 +804,26 @@ done:
 /* ------------------------------------------------------------------ tries */
 
 typedef struct {
+    uint64_t head;  /* the first 8 bytes, big-endian, zero-padded: most comparisons end here */
     const uint8_t *data;
     int64_t length;
     int64_t index; /* position in the input */
 } Str;
 
+static uint64_t head_of(const uint8_t *data, int64_t length) {
+    uint64_t head = 0;
+    for (int i = 0; i < 8; i++) {
+        head = (head << 8) | (i < length ? data[i] : 0);
+    }
+    return head;
+}
+
 static int str_order(const void *x, const void *y) {
     const Str *a = (const Str *)x, *b = (const Str *)y;
+    if (a->head != b->head) {
+        return a->head < b->head ? -1 : 1;
+    }
+    /* equal heads: equal first min(8, length) bytes, or a zero padding against real zeros */
     int64_t shared = a->length < b->length ? a->length : b->length;
     int c = shared ? memcmp(a->data, b->data, (size_t)shared) : 0;
     if (c) {
@@ -876,7 +889,7 @@ static PyObject *build_trie(PyObject *module, PyObject *args) {
     int64_t nodes = 1, distinct = 0, distinct_bytes = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < k; i++) {
-        order[i] = (Str){data + st[i], st[i + 1] - st[i], i};
+        order[i] = (Str){head_of(data + st[i], st[i + 1] - st[i]), data + st[i], st[i + 1] - st[i], i};
     }
     qsort(order, (size_t)k, sizeof(Str), str_order);
     pre_parent[0] = 0;
@@ -984,10 +997,64 @@ done:
     return result;
 }
 
+/* build_hash(keys uint64, values uint64, bits) -> table uint64[2**bits] (a bytearray)
+ * The token index's open-addressing table (see _token_index._build_hash): key << 32 | value
+ * at the Fibonacci-hashed slot of key, linear probing. Keys below 2**32, distinct. */
+static PyObject *build_hash(PyObject *module, PyObject *args) {
+    PyObject *keys_obj, *values_obj;
+    int bits;
+    if (!PyArg_ParseTuple(args, "OOi", &keys_obj, &values_obj, &bits)) {
+        return NULL;
+    }
+    Py_buffer keys, values;
+    if (get_vector(keys_obj, &keys, 8, "keys") < 0) {
+        return NULL;
+    }
+    if (get_vector(values_obj, &values, 8, "values") < 0) {
+        PyBuffer_Release(&keys);
+        return NULL;
+    }
+    PyObject *out = NULL;
+    Py_ssize_t n = keys.shape[0];
+    if (values.shape[0] != n || bits < 1 || bits > 40 || ((int64_t)1 << bits) <= n) {
+        PyErr_SetString(PyExc_ValueError, "build_hash: inconsistent arrays");
+        goto done;
+    }
+    const uint64_t *k = (const uint64_t *)keys.buf, *v = (const uint64_t *)values.buf;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (k[i] >= ((uint64_t)1 << 32) || v[i] >= ((uint64_t)1 << 32)) {
+            PyErr_SetString(PyExc_ValueError, "build_hash: keys and values must be below 2**32");
+            goto done;
+        }
+    }
+    char *data;
+    int64_t size = (int64_t)1 << bits;
+    out = new_bytes(size * 8, &data);
+    if (out == NULL) {
+        goto done;
+    }
+    uint64_t *table = (uint64_t *)data, mask = (uint64_t)size - 1;
+    Py_BEGIN_ALLOW_THREADS
+    memset(table, 0xFF, (size_t)size * 8);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t slot = (k[i] * 0x9E3779B97F4A7C15ULL) >> (64 - bits);
+        while (table[slot] != UINT64_MAX) {
+            slot = (slot + 1) & mask;
+        }
+        table[slot] = (k[i] << 32) | v[i];
+    }
+    Py_END_ALLOW_THREADS
+done:
+    PyBuffer_Release(&keys);
+    PyBuffer_Release(&values);
+    return out;
+}
+
 static PyMethodDef module_methods[] = {
     {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
     {"masks", masks, METH_VARARGS, "Bitmask words of each node from its sorted tokens (see _compile._masks)."},
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
+    {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {NULL, NULL, 0, NULL},
 };
 
