@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick clean
+.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick bench-check clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -107,6 +107,11 @@ bench-quick: $(VENV)/.installed-bench
 
 bench: $(VENV)/.installed-bench
 	$(PY) -m benchmarks
+
+# The regression gate: a fresh quick run's same-run ratios against benchmarks/results/quick.json
+# (fails when one falls below half the committed ratio; why 2: benchmarks/check.py).
+bench-check: $(VENV)/.installed-bench
+	$(PY) -m benchmarks.check
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build dist src/*.egg-info .pytest_cache .mypy_cache .ruff_cache

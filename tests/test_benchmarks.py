@@ -138,3 +138,27 @@ def test_report_states_ratios_timeouts_and_targets(tmp_path) -> None:  # type: i
     assert "per-step" in summary and "target" in summary
     json.dumps(results)  # the results stay serialisable
     assert report._peer_ratio(results, "1000", ["llguidance"]) == pytest.approx(3.0)
+
+
+def test_bench_check_flags_a_fallen_ratio(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from benchmarks import check
+
+    run = {
+        "decode": {
+            "1000": {
+                "engines": {
+                    "triemask": {"per_step_s": 1e-6, "batch": {"128": {"fill_s": 1e-4}}},
+                    "xgrammar": {"per_step_s": 4e-6, "batch": {"128": {"fill_s": 4e-4}}},
+                }
+            }
+        }
+    }
+    baseline = tmp_path / "baseline.json"
+    baseline.write_text(json.dumps(run))
+    assert check.ratios(run) == {"per-step <= xgrammar, K=1,000": 4.0, "batch fill B=128 vs xgrammar, K=1,000": 4.0}
+    slower = json.loads(json.dumps(run))
+    slower["decode"]["1000"]["engines"]["triemask"]["per_step_s"] = 3e-6  # 4x -> 1.33x: below 4 / 2
+    fresh = tmp_path / "fresh.json"
+    fresh.write_text(json.dumps(slower))
+    assert check.main(["--baseline", str(baseline), "--results", str(baseline)]) == 0
+    assert check.main(["--baseline", str(baseline), "--results", str(fresh)]) == 1

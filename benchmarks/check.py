@@ -1,0 +1,62 @@
+"""The regression gate: a fresh quick run's same-run ratios against the committed ones.
+
+    python -m benchmarks.check [--baseline benchmarks/results/quick.json] [--factor 2] [--results FILE]
+
+Runs ``python -m benchmarks --quick`` (or reads ``--results``), takes every ratio of the
+issue targets (triemask against xgrammar and llguidance: compile, per step, batch fill)
+from both runs, and fails when a fresh ratio is below the committed one divided by
+``--factor``. Ratios are measured in one process on one vocabulary, so machine speed
+cancels out; what remains is run-to-run noise, which on the 2-core VM these results come
+from moves a same-code ratio by up to 1.4x (per step at K = 10,000: 163x vs 193x; batch
+fill: 200x vs 281x). A factor of 2 leaves that margin and still catches the loss of the
+C kernel (per step vs xgrammar 3.6x -> 1.1x, batch fill 4.5x -> 1.9x at K = 1,000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from . import report
+
+
+def ratios(results: dict[str, Any]) -> dict[str, float]:
+    return {name: ratio for name, _, ratio, _, _ in report.targets(results) if ratio is not None}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.check", description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", type=Path, default=Path("benchmarks/results/quick.json"))
+    parser.add_argument("--results", type=Path, help="a quick run's JSON (default: run one now)")
+    parser.add_argument("--factor", type=float, default=2.0)
+    options = parser.parse_args(argv)
+    baseline = ratios(json.loads(options.baseline.read_text()))
+    if options.results is None:
+        with tempfile.TemporaryDirectory() as folder:
+            subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", folder], check=True)
+            fresh = ratios(json.loads((Path(folder) / "quick.json").read_text()))
+    else:
+        fresh = ratios(json.loads(options.results.read_text()))
+    failed = []
+    print(f"{'ratio (peer / triemask, same run)':50s} {'committed':>10s} {'now':>10s}  floor (/{options.factor:g})")
+    for name, committed in baseline.items():
+        now = fresh.get(name)
+        floor = committed / options.factor
+        verdict = "missing" if now is None else "ok" if now >= floor else "REGRESSED"
+        print(f"{name:50s} {committed:10.3g} {'-' if now is None else f'{now:.3g}':>10s}  {floor:.3g} {verdict}")
+        if verdict != "ok":
+            failed.append(name)
+    if failed:
+        print(f"bench-check failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print("bench-check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
