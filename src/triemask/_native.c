@@ -804,35 +804,62 @@ done:
 /* ------------------------------------------------------------------ tries */
 
 typedef struct {
-    uint64_t head;  /* the first 8 bytes, big-endian, zero-padded: most comparisons end here */
     const uint8_t *data;
     int64_t length;
     int64_t index; /* position in the input */
 } Str;
 
-static uint64_t head_of(const uint8_t *data, int64_t length) {
-    uint64_t head = 0;
-    for (int i = 0; i < 8; i++) {
-        head = (head << 8) | (i < length ? data[i] : 0);
-    }
-    return head;
+static inline int char_at(const Str *s, int64_t depth) {
+    return depth < s->length ? s->data[depth] : -1;
 }
 
-static int str_order(const void *x, const void *y) {
-    const Str *a = (const Str *)x, *b = (const Str *)y;
-    if (a->head != b->head) {
-        return a->head < b->head ? -1 : 1;
-    }
-    /* equal heads: equal first min(8, length) bytes, or a zero padding against real zeros */
-    int64_t shared = a->length < b->length ? a->length : b->length;
-    int c = shared ? memcmp(a->data, b->data, (size_t)shared) : 0;
+static int order_from(const Str *a, const Str *b, int64_t depth) {
+    int64_t shared = (a->length < b->length ? a->length : b->length) - depth;
+    int c = shared > 0 ? memcmp(a->data + depth, b->data + depth, (size_t)shared) : 0;
     if (c) {
         return c;
     }
-    if (a->length != b->length) {
-        return a->length < b->length ? -1 : 1;
+    return (a->length > b->length) - (a->length < b->length);
+}
+
+static inline void swap_str(Str *a, Str *b) {
+    Str t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Multikey quicksort (Bentley and Sedgewick): strings sorted by bytes, with shared prefixes
+   compared once per level rather than once per comparison. Not stable: equal strings may
+   come in any order, which build_trie does not need. */
+static void sort_strings(Str *a, int64_t n, int64_t depth) {
+    while (n > 12) {
+        int x = char_at(&a[0], depth), y = char_at(&a[n / 2], depth), z = char_at(&a[n - 1], depth);
+        int pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t lt = 0, i = 0, gt = n;
+        while (i < gt) {
+            int c = char_at(&a[i], depth);
+            if (c < pivot) {
+                swap_str(&a[lt++], &a[i++]);
+            } else if (c > pivot) {
+                swap_str(&a[i], &a[--gt]);
+            } else {
+                i++;
+            }
+        }
+        sort_strings(a, lt, depth);
+        sort_strings(a + gt, n - gt, depth);
+        if (pivot < 0) {
+            return; /* the middle part is strings that end here: all equal */
+        }
+        a += lt; /* the middle part shares one more byte */
+        n = gt - lt;
+        depth++;
     }
-    return (a->index > b->index) - (a->index < b->index); /* stable: equal strings keep input order */
+    for (int64_t i = 1; i < n; i++) {
+        for (int64_t j = i; j > 0 && order_from(&a[j - 1], &a[j], depth) > 0; j--) {
+            swap_str(&a[j - 1], &a[j]);
+        }
+    }
 }
 
 /* build_trie(flat uint8, starts int64[k + 1], want_inverse)
@@ -889,9 +916,9 @@ static PyObject *build_trie(PyObject *module, PyObject *args) {
     int64_t nodes = 1, distinct = 0, distinct_bytes = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < k; i++) {
-        order[i] = (Str){head_of(data + st[i], st[i + 1] - st[i]), data + st[i], st[i + 1] - st[i], i};
+        order[i] = (Str){data + st[i], st[i + 1] - st[i], i};
     }
-    qsort(order, (size_t)k, sizeof(Str), str_order);
+    sort_strings(order, (int64_t)k, 0);
     pre_parent[0] = 0;
     pre_depth[0] = 0;
     pre_byte[0] = 0;
