@@ -426,10 +426,12 @@ class TrieAutomaton:
         """
         kernel = self._kernel
         if kernel is not None:
+            # a CPU torch tensor: its numpy view (as_bitmask_array raises for a wrong one)
+            target = bitmask if type(bitmask) is np.ndarray else as_bitmask_array(bitmask, self._vocab_size)
             if rows is None and type(states) in (list, tuple) and len(states) == 1:
-                if kernel.fill(bitmask, 0, states[0]):  # the per-step path
+                if kernel.fill(target, 0, states[0]):  # the per-step path
                     return
-            elif kernel.fill_batch(bitmask, _int64(states), None if rows is None else _int64(rows)):
+            elif kernel.fill_batch(target, _int64(states), None if rows is None else _int64(rows)):
                 return
             # anything the kernel deferred: the reference below, which raises the typed errors
         if (  # one request per call, the per-step path: as_bitmask_array's checks, inlined
@@ -537,9 +539,11 @@ class TrieAutomaton:
         ``bitmask`` is as in :meth:`fill_bitmask` (or one row of it).
         """
         kernel = self._kernel
-        if kernel is not None and kernel.fill(bitmask, row, state):
+        if kernel is not None and type(bitmask) is np.ndarray and kernel.fill(bitmask, row, state):
             return
         array = as_bitmask_array(bitmask, self._vocab_size)
+        if kernel is not None and array.ndim == 2 and kernel.fill(array, row, state):  # a torch tensor's view
+            return
         row = integer(row, "row", StateError, "an integer")
         if not 0 <= row < array.shape[0]:
             raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
