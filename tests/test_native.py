@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import byte_vocabulary
-from triemask import Compiler, Matcher, TriemaskError, Vocabulary, _automaton, allocate_token_bitmask
+from triemask import Compiler, Matcher, TriemaskError, Vocabulary, _automaton, _kernels, allocate_token_bitmask
 
-pytestmark = pytest.mark.skipif(not _automaton.NATIVE, reason="built without the C extension")
+pytestmark = pytest.mark.skipif(not _kernels.NATIVE, reason="built without the C extension")
 
 ALPHABET = b"abc\xc3"
 words = st.binary(min_size=0, max_size=5).map(lambda b: bytes(ALPHABET[x % len(ALPHABET)] for x in b))
@@ -29,7 +29,7 @@ def twins(vocab: Vocabulary, values: list[bytes], monkeypatch: pytest.MonkeyPatc
     compiler = Compiler(vocab)
     native = compiler.compile(values, **options)
     with monkeypatch.context() as patch:
-        patch.setattr(_automaton, "KERNELS", None)
+        patch.setattr(_kernels, "KERNELS", None)
         reference = compiler.compile(values, **options)
     assert _automaton.native_kernel(native) is not None and _automaton.native_kernel(reference) is None
     # the C compile loops lay out exactly the arrays the NumPy compiler does
@@ -114,7 +114,7 @@ def test_compile_loops_equal_reference(
         twins(vocab, values, monkeypatch, eos=eos)
     except TriemaskError as error:  # the same error from both
         with monkeypatch.context() as patch:
-            patch.setattr(_automaton, "KERNELS", None)
+            patch.setattr(_kernels, "KERNELS", None)
             with pytest.raises(type(error)) as again:
                 Compiler(vocab).compile(values, eos=eos)
         assert str(again.value) == str(error)
@@ -180,13 +180,13 @@ import os, sys, hashlib
 if os.environ.get("TRIEMASK_BLOCK_NATIVE"):
     sys.modules["triemask._native"] = None  # as if built without a C compiler
 import numpy as np
-from triemask import Compiler, Vocabulary, allocate_token_bitmask, _automaton
+from triemask import Compiler, Vocabulary, allocate_token_bitmask, _kernels
 vocab = Vocabulary([bytes([b]) for b in range(256)] + [b"ab", b"abc", None], eos_token_ids=258)
 automaton = Compiler(vocab).compile(["abc", "abd", "b", "xyz"])
 bitmask = allocate_token_bitmask(4, vocab.vocab_size)
 automaton.fill_bitmask(bitmask, [0, 1, automaton.next_state(0, 256), -1])
 digest = hashlib.sha256(bitmask.tobytes()).hexdigest()
-print(_automaton.NATIVE, digest, automaton.next_states([0, 0], [97, 256]).tolist())
+print(_kernels.NATIVE, digest, automaton.next_states([0, 0], [97, 256]).tolist())
 """
     env = {**os.environ, **environment}
     fallback = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
@@ -289,7 +289,7 @@ def test_trie_construction_equals_reference(strings: list[bytes], monkeypatch: p
     for inverse in (False, True):
         native = build_trie(flat, starts, return_inverse=inverse)
         with monkeypatch.context() as patch:
-            patch.setattr(_automaton, "KERNELS", None)
+            patch.setattr(_kernels, "KERNELS", None)
             reference = build_trie(flat, starts, return_inverse=inverse)
         for field in ("parent", "byte", "level_offsets", "terminal", "flat", "starts", "inverse"):
             mine, theirs = getattr(native, field), getattr(reference, field)
@@ -306,7 +306,7 @@ def test_token_index_tables_equal_reference(monkeypatch: pytest.MonkeyPatch) -> 
     vocab = real_vocabulary("mistral-spm-32k").vocab
     native = TokenIndex(vocab)
     with monkeypatch.context() as patch:
-        patch.setattr(_automaton, "KERNELS", None)
+        patch.setattr(_kernels, "KERNELS", None)
         reference = TokenIndex(vocab)
     for field in ("first_token", "has_children", "dense", "level_offsets", "child_offsets", "node_byte"):
         assert np.array_equal(getattr(native, field), getattr(reference, field)), field

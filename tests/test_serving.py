@@ -328,9 +328,9 @@ def test_a_set_at_the_edge_key_limit_ends_only_its_request(caplog, monkeypatch) 
     """With 2**31 - 1 logits, 31 bits of each edge key go to the token: about 2**16 trie
     nodes reach the 64-bit limit of the NumPy compiler (the finding: a large set raised out
     of the engine step). The C compiler has no packed keys, so the NumPy one is used here."""
-    from triemask import _automaton
+    from triemask import _kernels
 
-    monkeypatch.setattr(_automaton, "KERNELS", None)
+    monkeypatch.setattr(_kernels, "KERNELS", None)
     monkeypatch.setenv("TRIEMASK_MAX_SET_BYTES", str(1 << 30))
     vocab = Vocabulary([bytes([b]) for b in range(256)] + [None], eos_token_ids=256, vocab_size=2**31 - 1)
     sets = CompiledSets(Compiler(vocab), torch.device("cpu"))

@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
+from . import _kernels
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
 from ._errors import ArgumentTypeError, StateError, ValueIndexError, ValueSetError, integer
 
-__all__ = ["DEAD", "KERNELS", "NATIVE", "DagAutomaton", "TrieAutomaton", "native_kernel"]
-
-KERNELS: ModuleType | None = None  # triemask._native when in use (the compiler uses it too)
-if os.environ.get("TRIEMASK_NATIVE", "1") != "0":
-    try:  # the C loops (src/triemask/_native.c); the NumPy code below is the reference
-        from . import _native as KERNELS
-    except ImportError:  # built without a C compiler
-        KERNELS = None
-
-NATIVE = KERNELS is not None
-"""Whether automata use the C extension (False without a compiler at install time, or with
-``TRIEMASK_NATIVE=0``). Results are identical either way; only the speed differs."""
+__all__ = ["DEAD", "DagAutomaton", "TrieAutomaton", "native_kernel"]
 
 DEAD = -1
 """The state a rejected token leads to. Nothing is allowed in it."""
@@ -160,8 +148,9 @@ class TrieAutomaton:
         self._tokens_view = edge_tokens.data
         self._dests_view = edge_dests.data
         self._kernel: Any = None
-        if KERNELS is not None:
-            self._kernel = KERNELS.Kernel(
+        native = _kernels.KERNELS
+        if native is not None:  # the C loops of the per-step and batch paths
+            self._kernel = native.Kernel(
                 edge_offsets,
                 edge_tokens,
                 edge_dests,

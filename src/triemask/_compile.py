@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _automaton
+from . import _kernels
 from ._automaton import DagAutomaton, TrieAutomaton
 from ._errors import ArgumentTypeError, IncompatibleValueError, ValueSetError
 from ._regex import FORMATS, ByteDag, dag_of_pattern, dag_of_trie, mix64
@@ -271,7 +271,7 @@ class Compiler:
         trie = build_trie(flat, starts, strings=strings)
         n, k = trie.num_nodes, trie.num_strings
         eos_ids = self._vocab.eos_token_ids if eos else ()
-        native = _automaton.KERNELS
+        native = _kernels.KERNELS
         if native is not None:  # the same matching and layout in C (see _match)
             if n + k >= 1 << 31:
                 raise ValueSetError(f"{n + k} states exceed triemask's 32-bit state ids; split the set")
@@ -772,7 +772,7 @@ def _layout_masks(
     tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """``_masks``, in C when the extension is in use."""
-    native = _automaton.KERNELS
+    native = _kernels.KERNELS
     if native is None:
         return _masks(tokens, offsets)
     mask_offsets, words, bits = native.masks(tokens, offsets)

@@ -386,11 +386,6 @@ static PyObject *Kernel_next_batch(Kernel *self, PyObject *const *args, Py_ssize
 
 /* ------------------------------------------------------------------ compilation */
 
-/* A 1-D C-contiguous buffer of the given item size (read-only), or an error. */
-static int get_vector(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name) {
-    return get_array(obj, view, itemsize, name);
-}
-
 static PyObject *new_bytes(Py_ssize_t size, char **data) {
     PyObject *out = PyByteArray_FromStringAndSize(NULL, size > 0 ? size : 0);
     if (out != NULL) {
@@ -471,7 +466,7 @@ static int Tables_init(Tables *self, PyObject *args, PyObject *kwds) {
     static const char *names[6] = {"dense", "hash_table", "first_token", "has_children", "dup_offsets", "dup_tokens"};
     self->have_dups = objs[4] != Py_None && objs[5] != Py_None;
     for (int i = 0; i < (self->have_dups ? 6 : 4); i++) {
-        if (get_vector(objs[i], &self->views[i], sizes[i], names[i]) < 0) {
+        if (get_array(objs[i], &self->views[i], sizes[i], names[i]) < 0) {
             return -1;
         }
         self->held = i + 1;
@@ -555,7 +550,7 @@ static PyObject *match_trie(PyObject *module, PyObject *args) {
     int64_t *counts = NULL;
     Edge *edges = NULL;
     for (int i = 0; i < 4; i++) {
-        if (get_vector(objs[i], views[i], sizes[i], names[i]) < 0) {
+        if (get_array(objs[i], views[i], sizes[i], names[i]) < 0) {
             goto done;
         }
         held = i + 1;
@@ -731,10 +726,10 @@ static PyObject *masks(PyObject *module, PyObject *args) {
         return NULL;
     }
     Py_buffer tokens_view, offsets_view;
-    if (get_vector(tokens_obj, &tokens_view, 4, "tokens") < 0) {
+    if (get_array(tokens_obj, &tokens_view, 4, "tokens") < 0) {
         return NULL;
     }
-    if (get_vector(offsets_obj, &offsets_view, 4, "offsets") < 0) {
+    if (get_array(offsets_obj, &offsets_view, 4, "offsets") < 0) {
         PyBuffer_Release(&tokens_view);
         return NULL;
     }
@@ -874,10 +869,10 @@ static PyObject *build_trie(PyObject *module, PyObject *args) {
         return NULL;
     }
     Py_buffer flat, starts;
-    if (get_vector(flat_obj, &flat, 1, "flat") < 0) {
+    if (get_array(flat_obj, &flat, 1, "flat") < 0) {
         return NULL;
     }
-    if (get_vector(starts_obj, &starts, 8, "starts") < 0) {
+    if (get_array(starts_obj, &starts, 8, "starts") < 0) {
         PyBuffer_Release(&flat);
         return NULL;
     }
@@ -1034,10 +1029,10 @@ static PyObject *build_hash(PyObject *module, PyObject *args) {
         return NULL;
     }
     Py_buffer keys, values;
-    if (get_vector(keys_obj, &keys, 8, "keys") < 0) {
+    if (get_array(keys_obj, &keys, 8, "keys") < 0) {
         return NULL;
     }
-    if (get_vector(values_obj, &values, 8, "values") < 0) {
+    if (get_array(values_obj, &values, 8, "values") < 0) {
         PyBuffer_Release(&keys);
         return NULL;
     }

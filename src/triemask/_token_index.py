@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from . import _automaton
+from . import _kernels
 from ._trie import build_trie
 from ._vocabulary import Vocabulary
 
@@ -209,7 +209,7 @@ def _build_hash(keys: npt.NDArray[np.uint64], values: npt.NDArray[np.uint64]) ->
     bits = max(4, int(np.ceil(np.log2(max(len(keys), 1) * 4))))
     size = 1 << bits
     shift = 64 - bits
-    native = _automaton.KERNELS
+    native = _kernels.KERNELS
     if native is not None:  # the same table, filled by sequential insertion in C
         return np.frombuffer(native.build_hash(keys, values, bits), dtype=np.uint64), shift
     table = np.full(size, _EMPTY, dtype=np.uint64)

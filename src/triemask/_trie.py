@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from . import _automaton
+from . import _kernels
 
 __all__ = ["ByteTrie", "build_trie"]
 
@@ -178,7 +178,7 @@ def build_trie(
         The same strings as Python bytes, when the caller has them (numpy pads
         those faster than it scatters ``flat``).
     """
-    native = _automaton.KERNELS
+    native = _kernels.KERNELS
     if native is not None:  # the same construction in C (one sort of the strings, one pass)
         parent, byte, levels, terminal, distinct, offsets, inverse = native.build_trie(
             np.ascontiguousarray(flat, dtype=np.uint8), np.ascontiguousarray(starts, dtype=np.int64), return_inverse

@@ -1,0 +1,23 @@
+"""Which implementation of the hot loops is in use: the C extension or the NumPy code.
+
+The NumPy code is the reference; ``triemask._native`` (src/triemask/_native.c) runs the
+same loops when it was built (``pip install .`` with a C compiler) and ``TRIEMASK_NATIVE``
+is not ``0``. Callers read ``KERNELS`` at call time, so that tests can switch it off.
+"""
+
+from __future__ import annotations
+
+import os
+from types import ModuleType
+
+__all__ = ["KERNELS", "NATIVE"]
+
+KERNELS: ModuleType | None = None
+if os.environ.get("TRIEMASK_NATIVE", "1") != "0":
+    try:
+        from . import _native as KERNELS
+    except ImportError:  # built without a C compiler
+        KERNELS = None
+
+NATIVE = KERNELS is not None
+"""Whether the C extension is in use. Results are identical either way; only speed differs."""
