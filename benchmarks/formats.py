@@ -42,20 +42,12 @@ from triemask import FORMATS, Compiler, TrieAutomaton, allocate_token_bitmask
 from triemask.datasets import synthetic_tools
 
 from . import vocabs
+from .measure import median_seconds
 from .peers import LLGuidanceEngine, _encoded_vocabulary
 
 
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _median(fn: Any, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _walks(automaton: TrieAutomaton, count: int, seed: int) -> list[list[int]]:
@@ -157,10 +149,10 @@ def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, An
             request = llg.request(llg.ll.LLMatcher.grammar_from_regex(pattern))
             request.fill(bitmask, 0)
 
-        cold_s = _median(cold, repeats)
-        warm_s = _median(lambda pattern=pattern: compiler.compile_regex(pattern), repeats)
-        xgr_s = _median(xgrammar_compile, repeats)
-        llg_s = _median(llguidance_compile, repeats)
+        cold_s = median_seconds(cold, repeats)
+        warm_s = median_seconds(lambda pattern=pattern: compiler.compile_regex(pattern), repeats)
+        xgr_s = median_seconds(xgrammar_compile, repeats)
+        llg_s = median_seconds(llguidance_compile, repeats)
         automaton = compiler.compile_format(fmt)
         compiled = xgr.GrammarCompiler(info, cache_enabled=False).compile_regex(pattern)
         paths = _walks(automaton, walks, seed=2)
@@ -208,7 +200,9 @@ def measure_layouts(quick: bool) -> list[dict[str, Any]]:
     for name, values in sets:
         for layout in ("trie", "dag"):
             repeats = 3 if len(values) >= 100_000 else 7
-            compile_s = _median(lambda values=values, layout=layout: compiler.compile(values, layout=layout), repeats)
+            compile_s = median_seconds(
+                lambda values=values, layout=layout: compiler.compile(values, layout=layout), repeats
+            )
             automaton = compiler.compile(values, layout=layout)
             paths = _walks(automaton, 16, seed=1)
             rng = random.Random(0)
@@ -228,7 +222,7 @@ def measure_layouts(quick: bool) -> list[dict[str, Any]]:
                     "memory_bytes": automaton.memory_bytes,
                     "compile_s": compile_s,
                     "step_s": _triemask_step(automaton, paths, bitmask[:1], 7),
-                    "batch_128_s": _median(lambda a=automaton, s=states: a.fill_bitmask(bitmask, s), 21),
+                    "batch_128_s": median_seconds(lambda a=automaton, s=states: a.fill_bitmask(bitmask, s), 21),
                 }
             )
             log(f"{name} {layout}: {compile_s * 1e3:.0f} ms, {automaton.memory_bytes / 1e6:.2f} MB")

@@ -19,7 +19,6 @@ import numpy as np
 
 
 def kernel_target(data: bytes) -> None:
-    from triemask import _native
 
     raw = np.frombuffer(data[: len(data) // 4 * 4], dtype=np.int32) % 16 - 3
     if len(raw) < 9:
@@ -32,6 +31,13 @@ def kernel_target(data: bytes) -> None:
         chunk = np.resize(values[at : at + size], size) if size else np.zeros(0, dtype=np.int32)
         at += size
         arrays.append(chunk.astype(np.int64 if i == 4 else np.int32))
+    exercise_kernel(arrays, num_nodes, num_states, width, values)
+
+
+def exercise_kernel(arrays: list[np.ndarray], num_nodes: int, num_states: int, width: int, values: np.ndarray) -> None:
+    """Build a kernel from arbitrary arrays (or see it refused) and call everything on it."""
+    from triemask import _native
+
     try:
         kernel = _native.Kernel(*arrays, num_nodes, num_states, width)
     except ValueError:
