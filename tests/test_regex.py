@@ -387,3 +387,13 @@ def test_class_matching_equals_byte_matching(name: str) -> None:
         assert by_class is not None, pattern  # these patterns take the class path
         expected = np.sort(np.concatenate(_match_dag(dag, index, keys)))
         assert np.array_equal(np.sort(np.concatenate(by_class)), expected), pattern
+
+
+@pytest.mark.parametrize("pattern", ["(.{0,50}){0,50}", "[ab]{0,30}a[ab]{30}", "((a{100}){100}){19}"])
+def test_hostile_patterns_are_refused_quickly(pattern: str) -> None:
+    """Patterns whose automaton is costly to build (large subsets, exponential DFAs, deep
+    repetition) are a PatternError at admission: the work is bounded, not just the states."""
+    from triemask._regex import dag_of_pattern
+
+    with pytest.raises(PatternError, match="more than"):
+        dag_of_pattern.__wrapped__(pattern)

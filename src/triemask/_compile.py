@@ -378,7 +378,7 @@ class Compiler:
                 )
         words, bits, mask_offsets = _layout_masks(tokens, offsets)
         spell_ids = np.unique(tokens[dests < n])
-        lengths, starts, data = self._vocab._table()
+        lengths, starts, data = self._vocab.byte_table()
         spell_lengths = lengths[spell_ids].astype(np.int64)
         spell_offsets = np.zeros(len(spell_ids) + 1, dtype=np.int64)
         np.cumsum(spell_lengths, out=spell_offsets[1:])

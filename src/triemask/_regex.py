@@ -62,8 +62,11 @@ FORMATS: dict[str, str] = {
     ),
 }
 
-_MAX_NFA_STATES = 200_000  # bounded work and memory for hostile patterns
-_MAX_DFA_STATES = 200_000
+_MAX_NFA_STATES = 50_000  # bounded work and memory for hostile patterns
+_MAX_DFA_STATES = 50_000
+# Subset construction can cost far more than its state count (large subsets of NFA states):
+# a budget on the NFA states and moves it visits keeps a hostile pattern to about a second.
+_MAX_WORK = 2_000_000
 _MAX_CODE_POINT = 0x10FFFF
 _ANY = [(0, 0xD7FF), (0xE000, _MAX_CODE_POINT)]  # every character UTF-8 can spell
 _DIGIT = [(0x30, 0x39)]
@@ -487,9 +490,17 @@ def _determinise(nfa: _Nfa, start: int, end: int, parser: _Parser) -> tuple[list
     transitions: dict[int, _Row] = {}
     accepting: dict[int, bool] = {}
     closures: dict[frozenset[int], frozenset[int]] = {}
+    work = 0
     while pending:
         current = pending.pop()
         moves = [move for s in current for move in nfa.moves[s]]
+        work += len(current) + len(moves) * 2
+        if work > _MAX_WORK:
+            raise parser.fail(
+                f"the pattern's automaton takes more than {_MAX_WORK:,} steps to build; simplify it "
+                "(fewer nested repetitions of wide classes)",
+                0,
+            )
         cuts = sorted({lo for lo, _, _ in moves} | {hi + 1 for _, hi, _ in moves})
         row: list[tuple[int, int, int]] = []
         for lo, past in pairwise(cuts):  # elementary intervals: every byte in one has the same moves

@@ -70,7 +70,7 @@ class TokenIndex:
     def __init__(self, vocab: Vocabulary) -> None:
         started = time.perf_counter()
         self.vocab = vocab
-        lengths, _, data = vocab._table()
+        lengths, _, data = vocab.byte_table()
         text_ids = np.flatnonzero(lengths > 0)
         token_lengths = lengths[text_ids].astype(np.int64)
         raw = np.frombuffer(data, dtype=np.uint8)

@@ -203,8 +203,10 @@ class Vocabulary:
     def __hash__(self) -> int:
         return hash(self._fingerprint)
 
-    # Internal: the flat table the token index is built from.
-    def _table(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], bytes]:
+    def byte_table(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64], bytes]:
+        """Every token's bytes at once: ``(lengths, offsets, data)``, token ``i``'s bytes
+        being ``data[offsets[i]:offsets[i] + lengths[i]]`` (length -1: no text). The
+        arrays are the vocabulary's own, read-only; the token index is built from them."""
         return self._lengths, self._offsets, self._data
 
     # ------------------------------------------------------------------ constructors
