@@ -20,7 +20,7 @@ import numpy as np
 
 from triemask import TrieAutomaton, Vocabulary
 
-from .peers import Engine
+from .peers import Engine, Request
 
 
 def median_seconds(fn: Callable[[], object], repeats: int) -> float:
@@ -70,9 +70,12 @@ def decoding_paths(
     return paths
 
 
-def per_step_seconds(engine: Engine, compiled: Any, paths: list[list[int]], repeats: int) -> float:
-    """Mean cost of one decoding step (write the mask row, advance by the token) along the paths."""
-    request = engine.request(compiled)
+def per_step_seconds(
+    engine: Engine, compiled: Any, paths: list[list[int]], repeats: int, request: Request | None = None
+) -> float:
+    """Mean cost of one decoding step (write the mask row, advance by the token) along the
+    paths, through ``request`` (default: the engine's own)."""
+    request = engine.request(compiled) if request is None else request
     bitmask = np.zeros((1, engine.width), dtype=np.int32)
     steps = sum(map(len, paths))
     totals = []

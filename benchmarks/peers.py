@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from triemask import Compiler, TrieAutomaton, Vocabulary
+from triemask import Compiler, Matcher, TrieAutomaton, Vocabulary
 
 # Regex metacharacters of the Rust `regex` syntax (llguidance, outlines-core). Rust rejects
 # superfluous escapes of letters, digits and spaces, so Python's re.escape cannot be used.
@@ -109,7 +109,28 @@ def _special_ids(vocab: Vocabulary) -> list[int]:
 # --- triemask ---------------------------------------------------------------------------------
 
 
-class _TriemaskRequest(Request):
+class _TriemaskMatcherRequest(Request):
+    """The per-request API, the same loop as xgrammar's ``GrammarMatcher``."""
+
+    __slots__ = ("matcher",)
+
+    def __init__(self, automaton: TrieAutomaton) -> None:
+        self.matcher = Matcher(automaton)
+
+    def fill(self, bitmask: np.ndarray, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def advance(self, token: int) -> None:
+        if not self.matcher.accept_token(token):
+            raise AssertionError(f"triemask rejected token {token}")
+
+    def reset(self) -> None:
+        self.matcher.reset()
+
+
+class _TriemaskAutomatonRequest(Request):
+    """The stateless API: ``fill_bitmask`` + ``next_state`` on a state id."""
+
     __slots__ = ("automaton", "state")
 
     def __init__(self, automaton: TrieAutomaton) -> None:
@@ -136,10 +157,14 @@ class TriemaskEngine(Engine):
     def compile_only(self, values: list[str]) -> TrieAutomaton:
         return self.compiler.compile(values)
 
-    def request(self, compiled: TrieAutomaton) -> _TriemaskRequest:
-        return _TriemaskRequest(compiled)
+    def request(self, compiled: TrieAutomaton) -> _TriemaskAutomatonRequest:
+        return _TriemaskAutomatonRequest(compiled)
 
-    # The automaton is stateless: a batch is one gather/scatter over B node ids.
+    def matcher_request(self, compiled: TrieAutomaton) -> _TriemaskMatcherRequest:
+        """A request through ``Matcher`` (the per-step figure; ``request`` is the stateless API)."""
+        return _TriemaskMatcherRequest(compiled)
+
+    # The automaton is stateless: a batch is one call over B state ids.
     def batch_fill(self, requests: list[Any], bitmask: np.ndarray) -> None:
         requests[0].automaton.fill_bitmask(bitmask, [r.state for r in requests])
 

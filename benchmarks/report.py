@@ -138,6 +138,16 @@ def decode_tables(results: dict[str, Any]) -> str:
         "averaged over the same decoding paths for every engine (32 sampled values, tokenized longest-first).\n\n"
     )
     text += _table(["K", *engines, *[f"{name} / triemask" for name in peers]], rows)
+    stateless = [
+        f"{_ms(m['per_step_stateless_s'])} at K = {int(k):,}"
+        for k, entry in decode.items()
+        if "per_step_stateless_s" in (m := entry["engines"].get("triemask", {}))
+    ]
+    if stateless:
+        text += (
+            "\ntriemask through `Matcher.fill_next_token_bitmask` + `accept_token` (as xgrammar's `GrammarMatcher`); "
+            f"through the stateless `fill_bitmask` + `next_state`: {', '.join(stateless)}.\n"
+        )
     for k, entry in decode.items():
         for name, m in entry["engines"].items():
             if "error" in m:

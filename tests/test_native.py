@@ -46,6 +46,8 @@ def outcome(call: Any, *args: Any, **kwargs: Any) -> Any:
         result = call(*args, **kwargs)
     except TriemaskError as error:
         return type(error), str(error)
+    if isinstance(result, tuple):  # allowed_token_pairs: two arrays, dtypes compared too
+        return tuple((part.dtype.str, part.tolist()) for part in result)
     return result.tolist() if isinstance(result, np.ndarray) else result
 
 
@@ -77,6 +79,8 @@ def test_kernel_equals_reference(
     for batch in (chosen, np.asarray(chosen, dtype=np.int32), [*chosen[:-1], odd]):
         same = (batch, toks if len(batch) == len(toks) else toks[: len(batch)])
         assert outcome(native.next_states, *same) == outcome(reference.next_states, *same)
+    for batch in (chosen, np.asarray(chosen, dtype=np.int32), np.asarray(chosen), [*chosen[:-1], odd], []):
+        assert outcome(native.allowed_token_pairs, batch) == outcome(reference.allowed_token_pairs, batch)
     width = allocate_token_bitmask(1, vocab.vocab_size).shape[1]
     for batch, rows in (
         (chosen[:1], None),
@@ -142,6 +146,13 @@ def test_bitmasks_the_kernel_defers(monkeypatch: pytest.MonkeyPatch) -> None:
         lambda: np.zeros((width,), dtype=np.int32),
         lambda: torch.zeros((2, width), dtype=torch.int32),
         lambda: np.zeros((2, width), dtype=np.int32).T.copy().T,
+        # the per-step fill reads exact int32 ndarrays' headers; these others take the buffer path
+        lambda: np.zeros((2, width), dtype=">i4"),
+        lambda: np.zeros((2, width), dtype=np.int32).view(_Subclass),
+        lambda: np.zeros((0, width), dtype=np.int32),
+        lambda: np.zeros((2, width), dtype=np.dtype("i4").newbyteorder("=")),
+        lambda: np.zeros((2, width), dtype=np.intc),
+        lambda: np.zeros(2 * width + 1, dtype=np.int32)[1:].reshape(2, width),  # not aligned to 8, still int32
     ]
     read_only = np.zeros((2, width), dtype=np.int32)
     read_only.flags.writeable = False
@@ -151,6 +162,15 @@ def test_bitmasks_the_kernel_defers(monkeypatch: pytest.MonkeyPatch) -> None:
         assert outcome(native.fill_bitmask, mine, [0]) == outcome(reference.fill_bitmask, theirs, [0])
         assert outcome(native.fill_bitmask, mine, [0, 1] * 20) == outcome(reference.fill_bitmask, theirs, [0, 1] * 20)
         assert np.array_equal(np.asarray(mine), np.asarray(theirs))
+        mine, theirs = make(), make()
+        assert outcome(Matcher(native).fill_next_token_bitmask, mine, 1) == outcome(
+            Matcher(reference).fill_next_token_bitmask, theirs, 1
+        )
+        assert np.array_equal(np.asarray(mine), np.asarray(theirs))
+
+
+class _Subclass(np.ndarray):
+    pass
 
 
 def test_matchers_agree_and_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -165,6 +185,22 @@ def test_matchers_agree_and_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
         theirs.fill_next_token_bitmask(b, 1)
         assert np.array_equal(a, b)
         assert ours.accept_token(token) == theirs.accept_token(token) and ours.state == theirs.state
+    # keywords and odd arguments go through the C cores to the reference: the same results and errors
+    a, b = np.zeros((2, width), dtype=np.int32), np.zeros((2, width), dtype=np.int32)
+    ours.fill_next_token_bitmask(bitmask=a, row=1)
+    theirs.fill_next_token_bitmask(bitmask=b, row=1)
+    assert np.array_equal(a, b)
+    for bad in (np.zeros((2, width + 1), dtype=np.int32), [[0] * width]):
+        assert outcome(ours.fill_next_token_bitmask, bad) == outcome(theirs.fill_next_token_bitmask, bad)
+    assert outcome(ours.fill_next_token_bitmask, a, 5) == outcome(theirs.fill_next_token_bitmask, b, 5)
+    assert native.next_state(state=0, token_id=103) == reference.next_state(0, 103) != -1
+    with pytest.raises(TypeError, match=r"next_state\(\) takes 2 arguments \(state, token_id\), got 1"):
+        native.next_state(0)
+    with pytest.raises(TypeError, match=r"accept_token\(\) takes 1 argument \(token_id\), got 0"):
+        ours.accept_token()
+    native.fill_bitmask(a, states=[0], rows=None)
+    reference.fill_bitmask(b, [0])
+    assert np.array_equal(a, b)
     restored = pickle.loads(pickle.dumps(ours))
     assert restored.value == ours.value == b"get_user"
     assert _automaton.native_kernel(restored.automaton) is not None
@@ -180,19 +216,32 @@ import os, sys, hashlib
 if os.environ.get("TRIEMASK_BLOCK_NATIVE"):
     sys.modules["triemask._native"] = None  # as if built without a C compiler
 import numpy as np
-from triemask import Compiler, Vocabulary, allocate_token_bitmask, _kernels
+from triemask import Compiler, Matcher, Vocabulary, allocate_token_bitmask, _kernels
 vocab = Vocabulary([bytes([b]) for b in range(256)] + [b"ab", b"abc", None], eos_token_ids=258)
 automaton = Compiler(vocab).compile(["abc", "abd", "b", "xyz"])
 bitmask = allocate_token_bitmask(4, vocab.vocab_size)
 automaton.fill_bitmask(bitmask, [0, 1, automaton.next_state(0, 256), -1])
 digest = hashlib.sha256(bitmask.tobytes()).hexdigest()
-print(_kernels.NATIVE, digest, automaton.next_states([0, 0], [97, 256]).tolist())
+matcher = Matcher(automaton)
+row = allocate_token_bitmask(1, vocab.vocab_size)
+accepted = []
+for token in (97, 98, 1.5, 99, 97, 258):
+    matcher.fill_next_token_bitmask(row)
+    accepted.append(matcher.accept_token(token))
+    digest += hashlib.sha256(row.tobytes()).hexdigest()[:8]
+pairs = automaton.allowed_token_pairs([0, 3, -1])
+print(_kernels.NATIVE, type(matcher).__mro__[1].__name__, digest, automaton.next_states([0, 0], [97, 256]).tolist(),
+      accepted, matcher.value, pairs[0].tolist(), pairs[1].tolist())
 """
     env = {**os.environ, **environment}
     fallback = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     native = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert fallback.stdout.split()[0] == "False" and native.stdout.split()[0] == "True"
-    assert fallback.stdout.split()[1:] == native.stdout.split()[1:]
+    # the Python cores of Matcher and TrieAutomaton without the extension, the C ones with it
+    assert fallback.stdout.split()[:2] == ["False", "_MatcherCore"] and native.stdout.split()[:2] == [
+        "True",
+        "MatcherCore",
+    ]
+    assert fallback.stdout.split()[2:] == native.stdout.split()[2:]
 
 
 @settings(max_examples=300, deadline=None)

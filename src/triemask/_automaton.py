@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -45,7 +45,52 @@ def _int64(values: Any) -> Any:
 _ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
 
 
-class TrieAutomaton:
+class _AutomatonCore:
+    """TrieAutomaton's per-step methods in Python. With the C extension,
+    ``triemask._native.AutomatonCore`` takes its place: the same methods in C (a Python
+    call per step less), deferring to the ``_reference`` methods for what it does not take."""
+
+    __slots__ = ("_kernel",)
+    _kernel: Any
+
+    def next_state(self, state: int, token_id: int) -> int:
+        """The state after ``token_id``; :data:`DEAD` when the token is not allowed."""
+        return self._next_state_reference(state, token_id)
+
+    def fill_bitmask(
+        self, bitmask: Any, states: Sequence[int] | npt.NDArray[np.integer[Any]], *, rows: npt.ArrayLike | None = None
+    ) -> None:
+        """Write the allowed-token masks of a batch of states into ``bitmask``, in place.
+
+        Parameters
+        ----------
+        bitmask : numpy array or CPU torch tensor
+            ``int32`` of shape ``(batch, ceil(vocab_size / 32))``, C-contiguous; bit
+            ``i % 32`` of word ``i // 32`` is set iff token ``i`` is allowed. Every
+            written row is overwritten entirely.
+        states : sequence of int
+            One state per row to write.
+        rows : sequence of int, optional
+            The rows to write, one per state (distinct); default ``0 .. len(states) - 1``.
+        """
+        self._fill_bitmask_reference(bitmask, states, rows=rows)
+
+    def _next_state_reference(self, state: int, token_id: int) -> int:
+        raise NotImplementedError
+
+    def _fill_bitmask_reference(
+        self, bitmask: Any, states: Sequence[int] | npt.NDArray[np.integer[Any]], *, rows: npt.ArrayLike | None = None
+    ) -> None:
+        raise NotImplementedError
+
+
+if TYPE_CHECKING or _kernels.KERNELS is None:  # noqa: SIM108 (type checkers see the Python class)
+    _Core = _AutomatonCore
+else:
+    _Core = _kernels.KERNELS.AutomatonCore
+
+
+class TrieAutomaton(_Core):
     """The compiled form of one set of values, for one vocabulary. Immutable.
 
     Create one with :meth:`triemask.Compiler.compile`. States are plain integers:
@@ -73,7 +118,6 @@ class TrieAutomaton:
         "_eos",
         "_eos_token_ids",
         "_input_values",
-        "_kernel",
         "_level_offsets",
         "_mask_bits",
         "_mask_bounds",
@@ -278,6 +322,11 @@ class TrieAutomaton:
         token_ids : int32 array
             The allowed token of each pair.
         """
+        kernel = self._kernel
+        if kernel is not None:
+            pairs = kernel.pairs(_int64(states))
+            if pairs is not None:
+                return np.frombuffer(pairs[0], dtype=np.int64), np.frombuffer(pairs[1], dtype=np.int32)
         nodes = self._nodes(states)
         first, last = self._edge_offsets[nodes], self._edge_offsets[nodes + 1]
         counts = last - first
@@ -286,8 +335,8 @@ class TrieAutomaton:
         index = np.arange(total) + np.repeat(last - ends, counts)
         return np.repeat(np.arange(len(nodes), dtype=np.int64), counts), self._edge_tokens[index]
 
-    def next_state(self, state: int, token_id: int) -> int:
-        """The state after ``token_id``; :data:`DEAD` when the token is not allowed."""
+    def _next_state_reference(self, state: int, token_id: int) -> int:
+        # next_state (the C one defers here for anything but exact ints it can look up)
         kernel = self._kernel
         if kernel is not None:
             following: int | None = kernel.next(state, token_id)
@@ -397,22 +446,10 @@ class TrieAutomaton:
 
     # ------------------------------------------------------------------ bitmasks
 
-    def fill_bitmask(
+    def _fill_bitmask_reference(
         self, bitmask: Any, states: Sequence[int] | npt.NDArray[np.integer[Any]], *, rows: npt.ArrayLike | None = None
     ) -> None:
-        """Write the allowed-token masks of a batch of states into ``bitmask``, in place.
-
-        Parameters
-        ----------
-        bitmask : numpy array or CPU torch tensor
-            ``int32`` of shape ``(batch, ceil(vocab_size / 32))``, C-contiguous; bit
-            ``i % 32`` of word ``i // 32`` is set iff token ``i`` is allowed. Every
-            written row is overwritten entirely.
-        states : sequence of int
-            One state per row to write.
-        rows : sequence of int, optional
-            The rows to write, one per state (distinct); default ``0 .. len(states) - 1``.
-        """
+        # fill_bitmask (the C one fills one state's row itself and defers the rest here)
         kernel = self._kernel
         if kernel is not None:
             # a CPU torch tensor: its numpy view (as_bitmask_array raises for a wrong one)

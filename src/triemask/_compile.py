@@ -338,8 +338,7 @@ class Compiler:
     def _every_byte_is_a_token(self, edge_bytes: npt.NDArray[np.uint8]) -> bool:
         """True when each byte on an edge is itself a token: then every node is
         reachable byte by byte and can complete its values, so nothing needs pruning."""
-        used = np.zeros(256, dtype=bool)
-        used[edge_bytes] = True
+        used = np.bincount(edge_bytes, minlength=256) > 0
         return not bool((used & ~self._index.byte_is_token).any())
 
     def _compile_dag(
@@ -445,9 +444,9 @@ def compile_pattern_with_pseudo_tokens(
 
 def _encode_values(
     values: Iterable[str] | Iterable[bytes],
-) -> tuple[list[Any], list[bytes], npt.NDArray[np.uint8], npt.NDArray[np.int64], bool]:
-    """The values as UTF-8: a list of bytes, and one buffer plus offsets, without
-    a Python loop over the values when they hold no NUL character."""
+) -> tuple[list[Any], list[bytes] | None, npt.NDArray[np.uint8], npt.NDArray[np.int64], bool]:
+    """The values as UTF-8: one buffer plus offsets (and a list of bytes for the NumPy
+    trie construction), without a Python loop over the values when they hold no NUL."""
     if not isinstance(values, Iterable):
         raise ValueSetError(f"values must be an iterable of strings, got {type(values).__name__} {values!r:.40}")
     if isinstance(values, (str, bytes, bytearray)):
@@ -486,12 +485,15 @@ def _encode_values(
     raw = np.frombuffer(data, dtype=np.uint8)
     cuts = np.flatnonzero(raw == 0)
     k = len(items)
+    strings: list[bytes] | None
     if len(cuts) != k - 1:  # some value holds a NUL: encode one by one
-        strings = [item.encode("utf-8") if are_str else bytes(item) for item in items]
-        flat = np.frombuffer(b"".join(strings), dtype=np.uint8)
-        lengths = np.fromiter(map(len, strings), dtype=np.int64, count=k)
+        encoded = [item.encode("utf-8") if are_str else bytes(item) for item in items]
+        flat = np.frombuffer(b"".join(encoded), dtype=np.uint8)
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=k)
+        strings = encoded
     else:
-        strings = data.split(b"\x00")
+        # (the NumPy trie construction pads Python bytes faster; the C one reads flat)
+        strings = data.split(b"\x00") if _kernels.KERNELS is None else None
         keep = np.ones(len(raw), dtype=bool)
         keep[cuts] = False
         flat = raw[keep]

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
+from . import _kernels
 from ._automaton import DEAD, DagAutomaton, TrieAutomaton, native_kernel
 from ._errors import ArgumentTypeError, StateError, integer
 from ._mixed import CompiledSchema, SchemaMatcher
@@ -16,7 +17,45 @@ from ._mixed import CompiledSchema, SchemaMatcher
 __all__ = ["Matcher"]
 
 
-class Matcher:
+class _MatcherCore:
+    """The matcher's per-request fields and per-step methods, in Python. With the C
+    extension, ``triemask._native.MatcherCore`` takes its place: the same fields and
+    methods in C (a Python call per step less), deferring to the ``_reference`` methods
+    below for whatever the kernel does not take."""
+
+    __slots__ = ("_history", "_kernel", "_state", "_tokens")
+    _history: deque[int]
+    _kernel: Any
+    _state: int
+    _tokens: list[int] | None
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token. Returns False, leaving the state unchanged, when the
+        token is not allowed (any integer is accepted as input; none raises)."""
+        return self._accept_token_reference(token_id)
+
+    def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
+        """Overwrite row ``row`` of ``bitmask`` with the mask of the next token.
+
+        ``bitmask`` is an int32 numpy array or CPU torch tensor of shape
+        ``(batch, ceil(vocab_size / 32))`` (or one row of it).
+        """
+        self._fill_reference(bitmask, row)
+
+    def _accept_token_reference(self, token_id: int) -> bool:
+        raise NotImplementedError
+
+    def _fill_reference(self, bitmask: Any, row: int = 0) -> None:
+        raise NotImplementedError
+
+
+if TYPE_CHECKING or _kernels.KERNELS is None:  # noqa: SIM108 (type checkers see the Python class)
+    _Core = _MatcherCore
+else:
+    _Core = _kernels.KERNELS.MatcherCore
+
+
+class Matcher(_Core):
     """Tracks one sequence through a :class:`TrieAutomaton`.
 
     A matcher is a state id plus the last ``max_rollback`` states (and, over a
@@ -47,7 +86,7 @@ class Matcher:
     ('no', True, True)
     """
 
-    __slots__ = ("_automaton", "_history", "_kernel", "_state", "_tokens")
+    __slots__ = ("_automaton",)  # and _MatcherCore's: _history, _kernel, _state, _tokens
 
     def __new__(cls, automaton: TrieAutomaton | CompiledSchema | None = None, *, max_rollback: int = 16) -> Matcher:
         # (automaton defaults to None so that copy and pickle, which call __new__ bare, still work)
@@ -64,8 +103,8 @@ class Matcher:
             raise StateError(f"max_rollback must be an integer in [0, 2**31), got {max_rollback}")
         self._automaton = automaton
         self._state = automaton.initial_state
-        self._history: deque[int] = deque(maxlen=max_rollback)
-        self._tokens: list[int] | None = [] if isinstance(automaton, DagAutomaton) else None
+        self._history = deque(maxlen=max_rollback)
+        self._tokens = [] if isinstance(automaton, DagAutomaton) else None
         self._kernel = native_kernel(automaton)  # the C loops, called directly on the per-step path
 
     def __getstate__(self) -> tuple[TrieAutomaton, int, deque[int], list[int] | None]:
@@ -94,16 +133,12 @@ class Matcher:
             return automaton.spell(self._tokens) if automaton.is_accepting(self._state) else None
         return self._automaton.value_of(self._state)
 
-    def accept_token(self, token_id: int) -> bool:
-        """Advance by one token. Returns False, leaving the state unchanged, when the
-        token is not allowed (any integer is accepted as input; none raises)."""
-        kernel = self._kernel
-        following = None if kernel is None else kernel.next(self._state, token_id)
-        if following is None:  # no kernel, or an argument for the reference's checks
-            try:  # bools, floats and other non-integers are rejected here (StateError)
-                following = self._automaton.next_state(self._state, token_id)
-            except (TypeError, ValueError, OverflowError):
-                return False
+    def _accept_token_reference(self, token_id: int) -> bool:
+        # accept_token (the C one defers here for anything but an exact int it can look up)
+        try:  # bools, floats and other non-integers are rejected here (StateError)
+            following = self._automaton.next_state(self._state, token_id)
+        except (TypeError, ValueError, OverflowError):
+            return False
         if following == DEAD:
             return False
         self._history.append(self._state)
@@ -170,15 +205,9 @@ class Matcher:
         """Ids allowed next, ascending."""
         return self._automaton.allowed_token_ids(self._state)
 
-    def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
-        """Overwrite row ``row`` of ``bitmask`` with the mask of the next token.
-
-        ``bitmask`` is an int32 numpy array or CPU torch tensor of shape
-        ``(batch, ceil(vocab_size / 32))`` (or one row of it).
-        """
-        kernel = self._kernel
-        if kernel is None or not kernel.fill(bitmask, row, self._state):
-            self._automaton.fill_row(bitmask, self._state, row)
+    def _fill_reference(self, bitmask: Any, row: int = 0) -> None:
+        # fill_next_token_bitmask (the C one defers here for a buffer it does not take)
+        self._automaton.fill_row(bitmask, self._state, row)
 
     def __repr__(self) -> str:
         return f"Matcher(state={self._state}, value={self.value!r})"

@@ -23,6 +23,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,8 @@ typedef struct {
     int64_t num_states;
     Py_ssize_t width;
 } Kernel;
+
+static PyTypeObject KernelType;
 
 static int get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name) {
     if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
@@ -185,6 +188,69 @@ static PyObject *Kernel_next(Kernel *self, PyObject *const *args, Py_ssize_t nar
     return PyLong_FromLong(next_of(self, state, token));
 }
 
+/* The per-step fill spends most of its time in NumPy's buffer export (about 0.3 us, as
+ * much as writing the row), so Kernel.fill reads an exact numpy.ndarray's header
+ * directly: the layout of NumPy's PyArrayObject_fields, stable since NumPy 1.7 and part of
+ * its ABI. The mirror is trusted only after enable_ndarray_headers() has checked it on
+ * probe arrays built by Python (address, shape, strides and flags read both ways), and
+ * only for arrays whose dtype object is the probe's int32 singleton; anything else takes
+ * the buffer protocol. It is used with the GIL held for the whole call only. */
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} ArrayHeader;
+
+enum { ARRAY_C_CONTIGUOUS = 0x0001, ARRAY_ALIGNED = 0x0100, ARRAY_WRITEABLE = 0x0400 };
+static PyTypeObject *ndarray_type = NULL; /* set once the mirror is checked */
+static PyObject *int32_descr = NULL;
+
+static int header_matches(PyObject *probe, int writable, int contiguous) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(probe, &view, PyBUF_RECORDS_RO) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    const ArrayHeader *h = (const ArrayHeader *)probe;
+    int ok = h->data == (char *)view.buf && h->nd == view.ndim && view.ndim == 2 && view.itemsize == 4 &&
+             ((h->flags & ARRAY_WRITEABLE) != 0) == writable && ((h->flags & ARRAY_C_CONTIGUOUS) != 0) == contiguous &&
+             (view.readonly == 0) == writable;
+    for (int i = 0; ok && i < 2; i++) {
+        ok = h->dimensions[i] == view.shape[i] && h->strides[i] == view.strides[i];
+    }
+    PyBuffer_Release(&view);
+    return ok;
+}
+
+/* enable_ndarray_headers(writable, readonly, transposed) -> bool: three int32 2-D probes
+ * (a fresh writable array, a read-only one, a non-contiguous view), all of one dtype. */
+static PyObject *enable_ndarray_headers(PyObject *module, PyObject *args) {
+    PyObject *writable, *readonly, *transposed;
+    if (!PyArg_ParseTuple(args, "OOO", &writable, &readonly, &transposed)) {
+        return NULL;
+    }
+    PyTypeObject *type = Py_TYPE(writable);
+    if (ndarray_type != NULL || Py_TYPE(readonly) != type || Py_TYPE(transposed) != type ||
+        type->tp_basicsize < (Py_ssize_t)sizeof(ArrayHeader)) {
+        return PyBool_FromLong(ndarray_type != NULL);
+    }
+    const ArrayHeader *w = (const ArrayHeader *)writable;
+    if (!header_matches(writable, 1, 1) || !header_matches(readonly, 0, 1) || !header_matches(transposed, 1, 0) ||
+        !(w->flags & ARRAY_ALIGNED) || w->descr != ((const ArrayHeader *)readonly)->descr || w->descr == NULL) {
+        Py_RETURN_FALSE;
+    }
+    Py_INCREF(type);
+    Py_INCREF(w->descr);
+    ndarray_type = type;
+    int32_descr = w->descr;
+    Py_RETURN_TRUE;
+}
+
 /* A writable, C-contiguous 2-D int32 buffer of the automaton's width. */
 static int get_bitmask(const Kernel *self, PyObject *obj, Py_buffer *view) {
     if (PyObject_GetBuffer(obj, view, PyBUF_RECORDS) < 0) {
@@ -205,21 +271,38 @@ static int get_bitmask(const Kernel *self, PyObject *obj, Py_buffer *view) {
     return 1;
 }
 
+/* Fill row `row` of `target` with the mask of `state` (a valid state): 1 when done, 0 to
+ * defer (a buffer the kernel does not take, a row outside it). */
+static int fill_into(const Kernel *self, PyObject *target, int64_t row, int64_t state) {
+    if (Py_TYPE(target) == ndarray_type) {
+        const ArrayHeader *h = (const ArrayHeader *)target;
+        const int needed = ARRAY_C_CONTIGUOUS | ARRAY_ALIGNED | ARRAY_WRITEABLE;
+        if (h->descr == int32_descr && h->nd == 2 && (h->flags & needed) == needed && h->dimensions[1] == self->width) {
+            if (row < 0 || row >= h->dimensions[0]) {
+                return 0;
+            }
+            fill_one(self, (int32_t *)h->data + row * self->width, state);
+            return 1;
+        }
+    }
+    Py_buffer view;
+    if (!get_bitmask(self, target, &view)) {
+        return 0;
+    }
+    int done = row >= 0 && row < view.shape[0];
+    if (done) {
+        fill_one(self, (int32_t *)view.buf + row * self->width, state);
+    }
+    PyBuffer_Release(&view);
+    return done;
+}
+
 static PyObject *Kernel_fill(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t row, state;
-    Py_buffer view;
-    if (nargs != 3 || !exact_int(args[1], &row) || !exact_int(args[2], &state) || !valid_state(self, state)) {
+    if (nargs != 3 || !exact_int(args[1], &row) || !exact_int(args[2], &state) || !valid_state(self, state) ||
+        !fill_into(self, args[0], row, state)) {
         Py_RETURN_NONE;
     }
-    if (!get_bitmask(self, args[0], &view)) {
-        Py_RETURN_NONE;
-    }
-    if (row < 0 || row >= view.shape[0]) {
-        PyBuffer_Release(&view);
-        Py_RETURN_NONE;
-    }
-    fill_one(self, (int32_t *)view.buf + row * self->width, state);
-    PyBuffer_Release(&view);
     Py_RETURN_TRUE;
 }
 
@@ -421,14 +504,44 @@ static inline int32_t index_child(const Index *ix, int32_t u, uint8_t b) {
     }
 }
 
-typedef struct {
-    int32_t token;
-    int32_t dest;
-} Edge;
-
-static int edge_order(const void *x, const void *y) {
-    int32_t a = ((const Edge *)x)->token, b = ((const Edge *)y)->token;
-    return (a > b) - (a < b);
+/* Sort a node's edge keys ascending (keys are distinct): insertion sort for the few edges
+ * most nodes have, quicksort with median-of-three pivots above, no comparator calls. */
+static void sort_keys(uint64_t *a, int64_t n) {
+    while (n > 24) {
+        uint64_t x = a[0], y = a[n / 2], z = a[n - 1];
+        uint64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t i = 0, j = n - 1;
+        for (;;) {
+            while (a[i] < pivot) {
+                i++;
+            }
+            while (a[j] > pivot) {
+                j--;
+            }
+            if (i >= j) {
+                break;
+            }
+            uint64_t swap = a[i];
+            a[i++] = a[j], a[j--] = swap;
+        }
+        /* recurse into the smaller part, loop on the larger: the stack stays logarithmic */
+        if (j + 1 < n - j - 1) {
+            sort_keys(a, j + 1);
+            a += j + 1, n -= j + 1;
+        } else {
+            sort_keys(a + j + 1, n - j - 1);
+            n = j + 1;
+        }
+    }
+    for (int64_t i = 1; i < n; i++) {
+        uint64_t key = a[i];
+        int64_t j = i - 1;
+        while (j >= 0 && a[j] > key) {
+            a[j + 1] = a[j];
+            j--;
+        }
+        a[j + 1] = key;
+    }
 }
 
 /* Tables(dense, dense_nodes, hash_table, hash_shift, first_token, has_children,
@@ -548,7 +661,7 @@ static PyObject *match_trie(PyObject *module, PyObject *args) {
     int held = 0;
     PyObject *result = NULL, *offsets_out = NULL, *tokens_out = NULL, *dests_out = NULL;
     int64_t *counts = NULL;
-    Edge *edges = NULL;
+    uint64_t *edges = NULL;
     for (int i = 0; i < 4; i++) {
         if (get_array(objs[i], views[i], sizes[i], names[i]) < 0) {
             goto done;
@@ -647,12 +760,12 @@ static PyObject *match_trie(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_OverflowError, "more than 2**31 edges: split the set");
         goto done;
     }
-    char *offsets_data, *tokens_data, *dests_data;
+    char *offsets_data = NULL, *tokens_data = NULL, *dests_data = NULL;
     offsets_out = new_bytes((n + 2) * 4, &offsets_data);
-    tokens_out = new_bytes(total * 4, &tokens_data);
-    dests_out = new_bytes(total * 4, &dests_data);
-    edges = (Edge *)PyMem_Malloc((size_t)(total > 0 ? total : 1) * sizeof(Edge));
-    if (offsets_out == NULL || tokens_out == NULL || dests_out == NULL || edges == NULL) {
+    tokens_out = offsets_out ? new_bytes(total * 4, &tokens_data) : NULL;
+    dests_out = tokens_out ? new_bytes(total * 4, &dests_data) : NULL;
+    edges = dests_out ? (uint64_t *)PyMem_Malloc((size_t)(total > 0 ? total : 1) * sizeof(uint64_t)) : NULL;
+    if (edges == NULL) {
         free(found);
         if (!PyErr_Occurred()) {
             PyErr_NoMemory();
@@ -660,8 +773,10 @@ static PyObject *match_trie(PyObject *module, PyObject *args) {
         goto done;
     }
     int32_t *offsets = (int32_t *)offsets_data;
+    int32_t *tokens = (int32_t *)tokens_data, *dests = (int32_t *)dests_data;
     Py_BEGIN_ALLOW_THREADS
-    /* offsets, then a counting sort of the triples by source (counts becomes the cursor) */
+    /* offsets, then a counting sort of the triples by source (counts becomes the cursor),
+       each edge as one key (token << 32 | destination) so that its order is the token's */
     offsets[0] = 0;
     for (Py_ssize_t i = 0; i <= n; i++) {
         offsets[i + 1] = offsets[i] + (int32_t)(i < n ? counts[i] : 0);
@@ -672,37 +787,20 @@ static PyObject *match_trie(PyObject *module, PyObject *args) {
     int64_t text = total - (int64_t)k * eos.shape[0];
     for (int64_t i = 0; i < text; i++) {
         const int32_t *t = found + 3 * i;
-        edges[counts[t[0]]++] = (Edge){t[1], t[2]};
+        edges[counts[t[0]]++] = (uint64_t)(uint32_t)t[1] << 32 | (uint32_t)t[2];
     }
     free(found);
     for (Py_ssize_t i = 0; i < k; i++) {
         for (Py_ssize_t e = 0; e < eos.shape[0]; e++) {
-            edges[counts[term[i]]++] = (Edge){(int32_t)eos_ids[e], (int32_t)(n + i)};
+            edges[counts[term[i]]++] = (uint64_t)eos_ids[e] << 32 | (uint32_t)(n + i);
         }
     }
-    Py_END_ALLOW_THREADS
-    Py_BEGIN_ALLOW_THREADS
-    int32_t *tokens = (int32_t *)tokens_data, *dests = (int32_t *)dests_data;
     for (Py_ssize_t node = 0; node < n; node++) {
-        Edge *lo = edges + offsets[node];
-        int32_t count = offsets[node + 1] - offsets[node];
-        if (count > 16) {
-            qsort(lo, (size_t)count, sizeof(Edge), edge_order);
-        } else {
-            for (int32_t i = 1; i < count; i++) { /* insertion sort: most nodes have a few edges */
-                Edge e = lo[i];
-                int32_t j = i - 1;
-                while (j >= 0 && lo[j].token > e.token) {
-                    lo[j + 1] = lo[j];
-                    j--;
-                }
-                lo[j + 1] = e;
-            }
-        }
+        sort_keys(edges + offsets[node], offsets[node + 1] - offsets[node]);
     }
     for (int64_t i = 0; i < total; i++) {
-        tokens[i] = edges[i].token;
-        dests[i] = edges[i].dest;
+        tokens[i] = (int32_t)(edges[i] >> 32);
+        dests[i] = (int32_t)(edges[i] & 0xFFFFFFFFu);
     }
     Py_END_ALLOW_THREADS
     result = PyTuple_Pack(3, offsets_out, tokens_out, dests_out);
@@ -747,29 +845,18 @@ static PyObject *masks(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "masks: inconsistent arrays");
         goto done;
     }
-    int64_t words = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t node = 0; node + 1 < slots; node++) {
-        int32_t previous = -1;
-        for (int32_t i = offsets[node]; i < offsets[node + 1]; i++) {
-            if ((tokens[i] >> 5) != previous) {
-                previous = tokens[i] >> 5;
-                words++;
-            }
-        }
-    }
-    Py_END_ALLOW_THREADS
+    /* one pass into arrays sized for one word per token, then shrunk to the words used */
     char *offsets_data, *words_data, *bits_data;
     offsets_out = new_bytes(slots * 4, &offsets_data);
-    words_out = new_bytes(words * 8, &words_data);
-    bits_out = new_bytes(words * 4, &bits_data);
-    if (offsets_out == NULL || words_out == NULL || bits_out == NULL) {
+    words_out = offsets_out ? new_bytes(edges * 8, &words_data) : NULL;
+    bits_out = words_out ? new_bytes(edges * 4, &bits_data) : NULL;
+    if (bits_out == NULL) {
         goto done;
     }
     int32_t *mask_offsets = (int32_t *)offsets_data, *bits = (int32_t *)bits_data;
     int64_t *word_index = (int64_t *)words_data;
-    Py_BEGIN_ALLOW_THREADS
     int64_t w = 0;
+    Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t node = 0; node + 1 < slots; node++) {
         mask_offsets[node] = (int32_t)w;
         int32_t previous = -1;
@@ -786,6 +873,9 @@ static PyObject *masks(PyObject *module, PyObject *args) {
     }
     mask_offsets[slots - 1] = (int32_t)w;
     Py_END_ALLOW_THREADS
+    if (PyByteArray_Resize(words_out, w * 8) < 0 || PyByteArray_Resize(bits_out, w * 4) < 0) {
+        goto done;
+    }
     result = PyTuple_Pack(3, offsets_out, words_out, bits_out);
 done:
     PyBuffer_Release(&tokens_view);
@@ -1072,7 +1162,257 @@ done:
     return out;
 }
 
+/* ------------------------------------------------------------------ matcher */
+
+/* MatcherCore: the per-request state of triemask.Matcher (its base class) and its two
+ * per-step methods. The fields are the matcher's _kernel (a Kernel or None), _state,
+ * _history (a deque) and _tokens (a list or None); Python code reads and writes them as
+ * attributes. A call the kernel does not take (no kernel, a token that is not an exact
+ * int, a bitmask it defers) goes to the Python methods _accept_token_reference and
+ * _fill_reference, which are the reference implementation. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *kernel;
+    long long state;
+    PyObject *history;
+    PyObject *tokens;
+} MatcherCore;
+
+static PyObject *str_append, *str_accept_reference, *str_fill_reference;
+
+static void MatcherCore_dealloc(MatcherCore *self) {
+    Py_CLEAR(self->kernel);
+    Py_CLEAR(self->history);
+    Py_CLEAR(self->tokens);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *defer_to(PyObject *self, PyObject *name, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    PyObject *method = PyObject_GetAttr(self, name);
+    if (method == NULL) {
+        return NULL;
+    }
+    PyObject *result = PyObject_Vectorcall(method, args, (size_t)nargs, kwnames);
+    Py_DECREF(method);
+    return result;
+}
+
+static PyObject *MatcherCore_accept_token(MatcherCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                          PyObject *kwnames) {
+    int64_t token;
+    if (kwnames == NULL && nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "accept_token() takes 1 argument (token_id), got %zd", nargs);
+        return NULL;
+    }
+    if (kwnames != NULL || self->kernel == NULL || Py_TYPE(self->kernel) != &KernelType ||
+        self->history == NULL || !exact_int(args[0], &token) || !valid_state((Kernel *)self->kernel, self->state)) {
+        return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+    }
+    int32_t following = next_of((Kernel *)self->kernel, self->state, token);
+    if (following == -1) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *previous = PyLong_FromLongLong(self->state);
+    if (previous == NULL) {
+        return NULL;
+    }
+    PyObject *done = PyObject_CallMethodOneArg(self->history, str_append, previous);
+    Py_DECREF(previous);
+    if (done == NULL) {
+        return NULL;
+    }
+    Py_DECREF(done);
+    self->state = following;
+    if (self->tokens != NULL && self->tokens != Py_None && PyList_Append(self->tokens, args[0]) < 0) {
+        return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
+static PyObject *MatcherCore_fill(MatcherCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    int64_t row = 0;
+    if (nargs < 1 || nargs > 2 || kwnames != NULL || self->kernel == NULL || Py_TYPE(self->kernel) != &KernelType ||
+        (nargs == 2 && !exact_int(args[1], &row)) || !valid_state((Kernel *)self->kernel, self->state) ||
+        !fill_into((Kernel *)self->kernel, args[0], row, self->state)) {
+        PyObject *result = defer_to((PyObject *)self, str_fill_reference, args, nargs, kwnames);
+        if (result == NULL) {
+            return NULL;
+        }
+        Py_DECREF(result);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef MatcherCore_methods[] = {
+    {"accept_token", (PyCFunction)(void (*)(void))MatcherCore_accept_token, METH_FASTCALL | METH_KEYWORDS,
+     "accept_token($self, token_id)\n--\n\n"
+     "Advance by one token. Returns False, leaving the state unchanged, when the\n"
+     "token is not allowed (any integer is accepted as input; none raises)."},
+    {"fill_next_token_bitmask", (PyCFunction)(void (*)(void))MatcherCore_fill, METH_FASTCALL | METH_KEYWORDS,
+     "fill_next_token_bitmask($self, bitmask, row=0)\n--\n\n"
+     "Overwrite row ``row`` of ``bitmask`` with the mask of the next token.\n\n"
+     "``bitmask`` is an int32 numpy array or CPU torch tensor of shape\n"
+     "``(batch, ceil(vocab_size / 32))`` (or one row of it)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef MatcherCore_members[] = {
+    {"_kernel", T_OBJECT, offsetof(MatcherCore, kernel), 0, "the automaton's Kernel, or None"},
+    {"_state", T_LONGLONG, offsetof(MatcherCore, state), 0, "the current state"},
+    {"_history", T_OBJECT, offsetof(MatcherCore, history), 0, "the previous states (a deque)"},
+    {"_tokens", T_OBJECT, offsetof(MatcherCore, tokens), 0, "the accepted tokens (a list), or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject MatcherCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "triemask._native.MatcherCore",
+    .tp_basicsize = sizeof(MatcherCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The per-request state of triemask.Matcher and its per-step methods in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)MatcherCore_dealloc,
+    .tp_methods = MatcherCore_methods,
+    .tp_members = MatcherCore_members,
+};
+
+/* AutomatonCore: the base class of triemask.TrieAutomaton, holding its _kernel (a Kernel
+ * or None), with next_state and the one-state fill_bitmask in C; anything else goes to
+ * the Python methods _next_state_reference and _fill_bitmask_reference. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *kernel;
+} AutomatonCore;
+
+static PyObject *str_next_reference, *str_fill_bitmask_reference, *str_rows;
+
+static void AutomatonCore_dealloc(AutomatonCore *self) {
+    Py_CLEAR(self->kernel);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *AutomatonCore_next_state(AutomatonCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                          PyObject *kwnames) {
+    int64_t state, token;
+    if (kwnames == NULL && nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "next_state() takes 2 arguments (state, token_id), got %zd", nargs);
+        return NULL;
+    }
+    if (kwnames != NULL || self->kernel == NULL || Py_TYPE(self->kernel) != &KernelType ||
+        !exact_int(args[0], &state) || !exact_int(args[1], &token) || !valid_state((Kernel *)self->kernel, state)) {
+        return defer_to((PyObject *)self, str_next_reference, args, nargs, kwnames);
+    }
+    return PyLong_FromLong(next_of((Kernel *)self->kernel, state, token));
+}
+
+static PyObject *AutomatonCore_fill_bitmask(AutomatonCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                            PyObject *kwnames) {
+    /* the per-step call: fill_bitmask(bitmask, [state]) or (bitmask, (state,)), rows None */
+    int64_t state;
+    int no_rows = kwnames == NULL ||
+                  (PyTuple_GET_SIZE(kwnames) == 1 && args[nargs] == Py_None &&
+                   PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), str_rows) == 0);
+    if (nargs == 2 && no_rows && self->kernel != NULL && Py_TYPE(self->kernel) == &KernelType &&
+        (PyList_CheckExact(args[1]) || PyTuple_CheckExact(args[1])) && PySequence_Fast_GET_SIZE(args[1]) == 1 &&
+        exact_int(PySequence_Fast_ITEMS(args[1])[0], &state) && valid_state((Kernel *)self->kernel, state) &&
+        fill_into((Kernel *)self->kernel, args[0], 0, state)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *result = defer_to((PyObject *)self, str_fill_bitmask_reference, args, nargs, kwnames);
+    if (result == NULL) {
+        return NULL;
+    }
+    Py_DECREF(result);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef AutomatonCore_methods[] = {
+    {"next_state", (PyCFunction)(void (*)(void))AutomatonCore_next_state, METH_FASTCALL | METH_KEYWORDS,
+     "next_state($self, state, token_id)\n--\n\n"
+     "The state after ``token_id``; :data:`DEAD` when the token is not allowed."},
+    {"fill_bitmask", (PyCFunction)(void (*)(void))AutomatonCore_fill_bitmask, METH_FASTCALL | METH_KEYWORDS,
+     "fill_bitmask($self, bitmask, states, *, rows=None)\n--\n\n"
+     "Write the allowed-token masks of a batch of states into ``bitmask``, in place.\n\n"
+     "Parameters\n----------\n"
+     "bitmask : numpy array or CPU torch tensor\n"
+     "    ``int32`` of shape ``(batch, ceil(vocab_size / 32))``, C-contiguous; bit\n"
+     "    ``i % 32`` of word ``i // 32`` is set iff token ``i`` is allowed. Every\n"
+     "    written row is overwritten entirely.\n"
+     "states : sequence of int\n"
+     "    One state per row to write.\n"
+     "rows : sequence of int, optional\n"
+     "    The rows to write, one per state (distinct); default ``0 .. len(states) - 1``.\n"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef AutomatonCore_members[] = {
+    {"_kernel", T_OBJECT, offsetof(AutomatonCore, kernel), 0, "the automaton's Kernel, or None"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject AutomatonCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "triemask._native.AutomatonCore",
+    .tp_basicsize = sizeof(AutomatonCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The base of triemask.TrieAutomaton: its per-step methods in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)AutomatonCore_dealloc,
+    .tp_methods = AutomatonCore_methods,
+    .tp_members = AutomatonCore_members,
+};
+
+/* pairs(states) -> (rows int64, tokens int32) as bytearrays: every allowed (row, token) of
+ * a batch of states (allowed_token_pairs), or None to defer. */
+static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
+    Ints states;
+    if (nargs != 1 || !get_ints(args[0], &states)) {
+        Py_RETURN_NONE;
+    }
+    const int64_t *s = states.data;
+    const int32_t *offsets = (const int32_t *)self->edge_offsets.buf;
+    const int32_t *edge_tokens = (const int32_t *)self->edge_tokens.buf;
+    int64_t total = 0;
+    for (Py_ssize_t i = 0; i < states.size; i++) {
+        if (!valid_state(self, s[i])) {
+            release_ints(&states);
+            Py_RETURN_NONE;
+        }
+        if (s[i] >= 0 && s[i] < self->num_nodes) {
+            total += offsets[s[i] + 1] - offsets[s[i]];
+        }
+    }
+    char *rows_data, *tokens_data;
+    PyObject *result = NULL, *tokens_out = NULL, *rows_out = new_bytes(total * 8, &rows_data);
+    if (rows_out != NULL) {
+        tokens_out = new_bytes(total * 4, &tokens_data);
+    }
+    if (rows_out != NULL && tokens_out != NULL) {
+        int64_t *rows = (int64_t *)rows_data;
+        int32_t *tokens = (int32_t *)tokens_data;
+        Py_BEGIN_ALLOW_THREADS
+        int64_t at = 0;
+        for (Py_ssize_t i = 0; i < states.size; i++) {
+            if (s[i] >= 0 && s[i] < self->num_nodes) {
+                int32_t lo = offsets[s[i]], hi = offsets[s[i] + 1];
+                memcpy(tokens + at, edge_tokens + lo, (size_t)(hi - lo) * sizeof(int32_t));
+                for (int32_t e = lo; e < hi; e++) {
+                    rows[at++] = i;
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+        result = PyTuple_Pack(2, rows_out, tokens_out);
+    }
+    release_ints(&states);
+    Py_XDECREF(rows_out);
+    Py_XDECREF(tokens_out);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
+    {"enable_ndarray_headers", enable_ndarray_headers, METH_VARARGS,
+     "Check the mirror of NumPy's array header on three probes; read headers directly if it holds."},
     {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
     {"masks", masks, METH_VARARGS, "Bitmask words of each node from its sorted tokens (see _compile._masks)."},
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
@@ -1089,6 +1429,8 @@ static PyMethodDef Kernel_methods[] = {
      "fill_batch(bitmask, states, rows_or_None) -> True, or None to defer (lists of ints or int64 arrays)"},
     {"next_batch", (PyCFunction)(void (*)(void))Kernel_next_batch, METH_FASTCALL,
      "next_batch(states, tokens, out_int32) -> True, or None to defer (lists of ints or int64 arrays)"},
+    {"pairs", (PyCFunction)(void (*)(void))Kernel_pairs, METH_FASTCALL,
+     "pairs(states) -> (rows int64, tokens int32) bytearrays of every allowed pair, or None to defer"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1111,7 +1453,20 @@ static struct PyModuleDef native_module = {
 };
 
 PyMODINIT_FUNC PyInit__native(void) {
-    if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&TablesType) < 0) {
+    if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&TablesType) < 0 || PyType_Ready(&MatcherCoreType) < 0 ||
+        PyType_Ready(&AutomatonCoreType) < 0) {
+        return NULL;
+    }
+    str_next_reference = PyUnicode_InternFromString("_next_state_reference");
+    str_fill_bitmask_reference = PyUnicode_InternFromString("_fill_bitmask_reference");
+    str_rows = PyUnicode_InternFromString("rows");
+    if (str_next_reference == NULL || str_fill_bitmask_reference == NULL || str_rows == NULL) {
+        return NULL;
+    }
+    str_append = PyUnicode_InternFromString("append");
+    str_accept_reference = PyUnicode_InternFromString("_accept_token_reference");
+    str_fill_reference = PyUnicode_InternFromString("_fill_reference");
+    if (str_append == NULL || str_accept_reference == NULL || str_fill_reference == NULL) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&native_module);
@@ -1121,6 +1476,18 @@ PyMODINIT_FUNC PyInit__native(void) {
     Py_INCREF(&KernelType);
     if (PyModule_AddObject(module, "Kernel", (PyObject *)&KernelType) < 0) {
         Py_DECREF(&KernelType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&MatcherCoreType);
+    if (PyModule_AddObject(module, "MatcherCore", (PyObject *)&MatcherCoreType) < 0) {
+        Py_DECREF(&MatcherCoreType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&AutomatonCoreType);
+    if (PyModule_AddObject(module, "AutomatonCore", (PyObject *)&AutomatonCoreType) < 0) {
+        Py_DECREF(&AutomatonCoreType);
         Py_DECREF(module);
         return NULL;
     }
