@@ -332,6 +332,29 @@ def test_trie_construction_equals_reference(strings: list[bytes], monkeypatch: p
                 assert mine.dtype == theirs.dtype and np.array_equal(mine, theirs), field
 
 
+def test_large_trie_construction_equals_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above 1,024 strings the C sort is a radix sort: long shared prefixes, prefixes of one
+    another, NUL and 0xFF bytes, duplicates and empty strings, against the NumPy trie."""
+    from triemask._trie import build_trie
+
+    rng = np.random.default_rng(7)
+    stems = [bytes(rng.integers(0, 256, int(rng.integers(0, 40)), dtype=np.uint8)) for _ in range(30)]
+    strings = [
+        stems[int(rng.integers(0, 30))] + bytes(rng.choice([0, 1, 97, 255], int(rng.integers(0, 6))).astype(np.uint8))
+        for _ in range(6_000)
+    ]
+    strings += [b"", b"x" * 3_000, b"x" * 2_999 + b"y", *strings[:50]]
+    flat = np.frombuffer(b"".join(strings), dtype=np.uint8)
+    starts = np.zeros(len(strings) + 1, dtype=np.int64)
+    np.cumsum([len(s) for s in strings], out=starts[1:])
+    native = build_trie(flat, starts, return_inverse=True)
+    with monkeypatch.context() as patch:
+        patch.setattr(_kernels, "KERNELS", None)
+        reference = build_trie(flat, starts, return_inverse=True)
+    for field in ("parent", "byte", "level_offsets", "terminal", "flat", "starts", "inverse"):
+        assert np.array_equal(getattr(native, field), getattr(reference, field)), field
+
+
 def test_token_index_tables_equal_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """The C-built trie and hash table answer every transition as the NumPy-built ones."""
     from conftest import real_vocabulary

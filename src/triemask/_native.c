@@ -947,6 +947,45 @@ static void sort_strings(Str *a, int64_t n, int64_t depth) {
     }
 }
 
+/* MSD radix sort above RADIX_MIN strings (one pass reads each string's byte at this depth
+ * into keys, then buckets), multikey quicksort below: the byte reads, scattered over the
+ * input, are the cost, and a radix pass does one per string per level. The largest bucket
+ * is looped on, the others recursed into (at most half as large), so the stack stays
+ * logarithmic however long the shared prefixes. scratch and keys hold n entries. */
+enum { RADIX_MIN = 1024 };
+
+static void radix_sort_strings(Str *a, int64_t n, int64_t depth, Str *scratch, uint16_t *keys) {
+    while (n >= RADIX_MIN) {
+        int64_t start[258] = {0}; /* key 0: the string ends here; 1 + byte otherwise */
+        for (int64_t i = 0; i < n; i++) {
+            keys[i] = (uint16_t)(char_at(&a[i], depth) + 1);
+            start[keys[i] + 1]++;
+        }
+        for (int b = 0; b < 257; b++) {
+            start[b + 1] += start[b];
+        }
+        int64_t cursor[257];
+        memcpy(cursor, start, sizeof(cursor));
+        for (int64_t i = 0; i < n; i++) {
+            scratch[cursor[keys[i]]++] = a[i];
+        }
+        memcpy(a, scratch, (size_t)n * sizeof(Str));
+        int largest = 1; /* strings that end here (key 0) are equal: sorted */
+        for (int b = 2; b < 257; b++) {
+            largest = start[b + 1] - start[b] > start[largest + 1] - start[largest] ? b : largest;
+        }
+        for (int b = 1; b < 257; b++) {
+            if (b != largest && start[b + 1] - start[b] > 1) {
+                radix_sort_strings(a + start[b], start[b + 1] - start[b], depth + 1, scratch, keys);
+            }
+        }
+        a += start[largest];
+        n = start[largest + 1] - start[largest];
+        depth++;
+    }
+    sort_strings(a, n, depth);
+}
+
 /* build_trie(flat uint8, starts int64[k + 1], want_inverse)
  *   -> (parent int32, byte uint8, level_offsets int64, terminal int32, flat uint8, starts int64,
  *       inverse int64 | None) as bytearrays
@@ -1003,7 +1042,15 @@ static PyObject *build_trie(PyObject *module, PyObject *args) {
     for (Py_ssize_t i = 0; i < k; i++) {
         order[i] = (Str){data + st[i], st[i + 1] - st[i], i};
     }
-    sort_strings(order, (int64_t)k, 0);
+    Str *scratch = k >= RADIX_MIN ? (Str *)malloc((size_t)k * sizeof(Str)) : NULL;
+    uint16_t *keys = k >= RADIX_MIN ? (uint16_t *)malloc((size_t)k * sizeof(uint16_t)) : NULL;
+    if (scratch != NULL && keys != NULL) {
+        radix_sort_strings(order, (int64_t)k, 0, scratch, keys);
+    } else {
+        sort_strings(order, (int64_t)k, 0); /* small, or no memory for the radix pass */
+    }
+    free(scratch);
+    free(keys);
     pre_parent[0] = 0;
     pre_depth[0] = 0;
     pre_byte[0] = 0;
