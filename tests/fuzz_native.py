@@ -4,7 +4,7 @@
     python tests/fuzz_native.py -max_total_time=600
     make test-asan                       # the same kernel under AddressSanitizer and UBSan
 
-An input becomes a kernel's six arrays and sizes, then calls with arbitrary states, tokens,
+An input becomes a kernel's three arrays and sizes, then calls with arbitrary states, tokens,
 rows and bitmasks. Each kernel must be refused with ValueError or answer every call with a
 result in range or None (deferring to Python); anything else (a crash, a sanitizer report,
 an out-of-range state) is a finding. test_native.py runs the same target briefly in
@@ -21,16 +21,16 @@ import numpy as np
 def kernel_target(data: bytes) -> None:
 
     raw = np.frombuffer(data[: len(data) // 4 * 4], dtype=np.int32) % 16 - 3
-    if len(raw) < 9:
+    if len(raw) < 6:
         return
     num_nodes, num_states, width = int(raw[0] % 5), int(raw[1] % 9), int(raw[2] % 4) + 1
-    sizes = [int(x) % 7 for x in raw[3:9]]
-    values = raw[9:]
+    sizes = [int(x) % 7 for x in raw[3:6]]
+    values = raw[6:]
     arrays, at = [], 0
-    for i, size in enumerate(sizes):
+    for size in sizes:
         chunk = np.resize(values[at : at + size], size) if size else np.zeros(0, dtype=np.int32)
         at += size
-        arrays.append(chunk.astype(np.int64 if i == 4 else np.int32))
+        arrays.append(chunk.astype(np.int32))
     exercise_kernel(arrays, num_nodes, num_states, width, values)
 
 
@@ -53,6 +53,8 @@ def exercise_kernel(arrays: list[np.ndarray], num_nodes: int, num_states: int, w
     kernel.fill_batch(bitmask, np.asarray(values[:3], dtype=np.int64), [2, 1, 0][: len(values[:3])])
     out = np.zeros(len(values), dtype=np.int32)
     kernel.next_batch(values.astype(np.int64), values[::-1].astype(np.int64), out)
+    pairs = kernel.pairs([int(x) for x in values[:4]])
+    assert pairs is None or len(pairs[0]) == 2 * len(pairs[1])
 
 
 if __name__ == "__main__":

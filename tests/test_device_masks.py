@@ -111,7 +111,8 @@ def test_work_follows_the_rows_states_not_the_widest_node() -> None:
         assert torch.equal(torch.isfinite(logits[where]), torch.from_numpy(mask))
         assert torch.equal(logits[where][torch.from_numpy(mask)], before[where][torch.from_numpy(mask)])
         assert torch.equal(logits[9:11], before[9:11])  # rows not named are untouched
-    assert on_device.memory_bytes < automaton.memory_bytes * 2  # the wide rows cost little
+    # four int64 arrays per edge; the wide rows' banned tokens cost little beside them
+    assert on_device.memory_bytes < 40 * automaton.stats()["edges"]
 
 
 @pytest.mark.parametrize("which", range(3))

@@ -42,6 +42,25 @@ def _int64(values: Any) -> Any:
     return values
 
 
+def _set_bits(target: npt.NDArray[np.int32], positions: npt.NDArray[Any], tokens: npt.NDArray[np.int32]) -> None:
+    """Set bit ``token % 32`` of ``target[position]`` for each pair: the bitmask of tokens
+    sorted within each row (equal positions adjacent), one OR per word, then one scatter."""
+    if not len(tokens):
+        return
+    bits = np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32))
+    starts = np.flatnonzero(np.concatenate(([True], positions[1:] != positions[:-1])))
+    target[positions[starts]] = np.bitwise_or.reduceat(bits, starts).view(np.int32)
+
+
+def _count_words(tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]) -> int:
+    """How many bitmask words of all nodes are non-zero (nodes' tokens sorted)."""
+    word = tokens.astype(np.int64) >> 5
+    new = np.ones(len(word), dtype=bool)
+    new[1:] = word[1:] != word[:-1]
+    new[offsets[(offsets < len(word))]] = True  # a node starts a new word
+    return int(np.count_nonzero(new))
+
+
 _ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
 
 
@@ -119,11 +138,6 @@ class TrieAutomaton(_Core):
         "_eos_token_ids",
         "_input_values",
         "_level_offsets",
-        "_mask_bits",
-        "_mask_bounds",
-        "_mask_offsets",
-        "_mask_offsets_view",
-        "_mask_words",
         "_num_nodes",
         "_num_values",
         "_terminal_nodes",
@@ -143,9 +157,6 @@ class TrieAutomaton(_Core):
         edge_offsets: npt.NDArray[np.int32],
         edge_tokens: npt.NDArray[np.int32],
         edge_dests: npt.NDArray[np.int32],
-        mask_offsets: npt.NDArray[np.int32],
-        mask_words: npt.NDArray[np.int64],
-        mask_bits: npt.NDArray[np.int32],
         terminal_nodes: _IntArray,
         terminal_values: _IntArray,
         value_flat: _IntArray,
@@ -164,9 +175,6 @@ class TrieAutomaton(_Core):
         self._edge_offsets = edge_offsets
         self._edge_tokens = edge_tokens
         self._edge_dests = edge_dests
-        self._mask_offsets = mask_offsets
-        self._mask_words = mask_words
-        self._mask_bits = mask_bits
         self._terminal_nodes = terminal_nodes
         self._terminal_values = terminal_values
         self._value_flat = value_flat
@@ -184,11 +192,6 @@ class TrieAutomaton(_Core):
             array.flags.writeable = False
         # memoryviews give the per-step paths Python ints without numpy scalar overhead.
         self._edge_offsets_view = edge_offsets.data
-        self._mask_offsets_view = mask_offsets.data
-        # (first, past-last) mask word of every node, as an overlapping strided view.
-        self._mask_bounds = np.lib.stride_tricks.as_strided(
-            mask_offsets, shape=(len(mask_offsets) - 1, 2), strides=(mask_offsets.itemsize,) * 2, writeable=False
-        )
         self._tokens_view = edge_tokens.data
         self._dests_view = edge_dests.data
         self._kernel: Any = None
@@ -198,9 +201,6 @@ class TrieAutomaton(_Core):
                 edge_offsets,
                 edge_tokens,
                 edge_dests,
-                mask_offsets,
-                mask_words,
-                mask_bits,
                 self._num_nodes,
                 self._num_nodes + self._num_values,
                 self._width,
@@ -210,7 +210,7 @@ class TrieAutomaton(_Core):
         state = {
             name.lstrip("_"): getattr(self, name)
             for name in TrieAutomaton.__slots__
-            if not name.endswith("_view") and name not in ("_mask_bounds", "_kernel")
+            if not name.endswith("_view")
         }
         del state["num_nodes"], state["num_values"], state["width"]
         return (_restore, (state,))
@@ -220,9 +220,6 @@ class TrieAutomaton(_Core):
             self._edge_offsets,
             self._edge_tokens,
             self._edge_dests,
-            self._mask_offsets,
-            self._mask_words,
-            self._mask_bits,
             self._terminal_nodes,
             self._terminal_values,
             self._value_flat,
@@ -475,14 +472,7 @@ class TrieAutomaton(_Core):
                 state = states[0]
                 if type(state) is not int:
                     state = _state_index(state)
-                row = bitmask[0]
-                row.fill(0)
-                if 0 <= state < self._num_nodes:
-                    lo = self._mask_offsets_view[state]
-                    hi = self._mask_offsets_view[state + 1]
-                    row[self._mask_words[lo:hi]] = self._mask_bits[lo:hi]
-                else:
-                    self._node(state)
+                self._fill_row(bitmask[0], state)
                 return
         array = as_bitmask_array(bitmask, self._vocab_size)
         if _count(states) <= _ROW_BY_ROW:  # a few rows: numpy call overhead dominates
@@ -511,13 +501,13 @@ class TrieAutomaton(_Core):
                 raise StateError("rows must be distinct (each row receives one state's mask)")
             array[row_ids] = 0
             row_base = row_ids.astype(np.int64) * self._width
-        bounds = self._mask_bounds[nodes]  # (batch, 2): first and past-last mask word
-        counts = bounds[:, 1] - bounds[:, 0]
+        first, last = self._edge_offsets[nodes], self._edge_offsets[nodes + 1]
+        counts = last - first
         ends = np.cumsum(counts)
         total = int(ends[-1]) if batch else 0
         if total:
-            index = np.arange(total) + np.repeat(bounds[:, 1] - ends, counts)
-            array.reshape(-1)[np.repeat(row_base, counts) + self._mask_words[index]] = self._mask_bits[index]
+            tokens = self._edge_tokens[np.arange(total) + np.repeat(last - ends, counts)]
+            _set_bits(array.reshape(-1), np.repeat(row_base, counts) + (tokens >> 5), tokens)
 
     def _fill_rows(self, array: npt.NDArray[np.int32], states: Any, rows: Any) -> None:
         """fill_bitmask for a few rows: one zeroing call, then one scatter per row."""
@@ -536,12 +526,11 @@ class TrieAutomaton(_Core):
         else:
             targets = self._few_rows(rows, count, array.shape[0])
             array[targets] = 0
-        offsets, words, bits, num_nodes = self._mask_offsets_view, self._mask_words, self._mask_bits, self._num_nodes
+        offsets, tokens, num_nodes = self._edge_offsets_view, self._edge_tokens, self._num_nodes
         for row, state in zip(targets, values, strict=True):
             if 0 <= state < num_nodes:  # final and DEAD rows stay zero
-                lo = offsets[state]
-                hi = offsets[state + 1]
-                array[row][words[lo:hi]] = bits[lo:hi]
+                allowed = tokens[offsets[state] : offsets[state + 1]]
+                _set_bits(array[row], allowed >> 5, allowed)
 
     @staticmethod
     def _few_rows(rows: Any, count: int, height: int) -> list[int]:
@@ -579,9 +568,8 @@ class TrieAutomaton(_Core):
         """Overwrite one bitmask row (a 1-D int32 view) with ``state``'s mask."""
         row.fill(0)
         if 0 <= state < self._num_nodes:
-            lo = self._mask_offsets_view[state]
-            hi = self._mask_offsets_view[state + 1]
-            row[self._mask_words[lo:hi]] = self._mask_bits[lo:hi]
+            allowed = self._edge_tokens[self._edge_offsets_view[state] : self._edge_offsets_view[state + 1]]
+            _set_bits(row, allowed >> 5, allowed)
         else:
             self._node(state)
 
@@ -618,7 +606,7 @@ class TrieAutomaton(_Core):
             "max_depth": len(self._level_offsets) - 2,
             "states": self.num_states,
             "edges": int(self._edge_offsets[-1]),
-            "mask_words": len(self._mask_words),
+            "mask_words": _count_words(self._edge_tokens, self._edge_offsets[: n + 1]),
             "memory_bytes": self.memory_bytes,
             "compile_seconds": self._compile_seconds,
             "eos": self._eos,

@@ -14,8 +14,8 @@ number of (node, token-suffix) pairs, about trie nodes x average token length,
 and independent of the vocabulary size.
 
 Each edge is packed into one uint64, ``source | token | destination``, so one
-sort lays the edges out by node with token ids ascending; the bitmask words of a
-node then follow from one ``bitwise_or.reduceat`` over adjacent tokens.
+sort lays the edges out by node with token ids ascending. The automaton stores no
+bitmask words: a row is set from its node's tokens when it is filled.
 """
 
 from __future__ import annotations
@@ -297,7 +297,6 @@ class Compiler:
             spelled = reachable[trie.terminal]
             if not spelled.all():
                 _raise_incompatible(trie, self._index, reachable, int(np.flatnonzero(~spelled)[0]), are_str)
-        words, bits, mask_offsets = _layout_masks(tokens, offsets)
         terminal_order = np.argsort(trie.terminal, kind="stable").astype(np.int32)
         pseudo_edges = None
         if pseudo is not None:
@@ -307,9 +306,6 @@ class Compiler:
             edge_offsets=offsets,
             edge_tokens=tokens,
             edge_dests=dests,
-            mask_offsets=mask_offsets,
-            mask_words=words,
-            mask_bits=bits,
             terminal_nodes=trie.terminal[terminal_order],
             terminal_values=terminal_order,
             value_flat=trie.flat,
@@ -375,7 +371,6 @@ class Compiler:
                     value=pattern or "",
                     offset=0,
                 )
-        words, bits, mask_offsets = _layout_masks(tokens, offsets)
         spell_ids = np.unique(tokens[dests < n])
         lengths, starts, data = self._vocab.byte_table()
         spell_lengths = lengths[spell_ids].astype(np.int64)
@@ -396,9 +391,6 @@ class Compiler:
             edge_offsets=offsets,
             edge_tokens=tokens,
             edge_dests=dests,
-            mask_offsets=mask_offsets,
-            mask_words=words,
-            mask_bits=bits,
             terminal_nodes=accepting,
             terminal_values=np.arange(len(accepting), dtype=np.int32),
             value_flat=np.zeros(0, dtype=np.uint8),
@@ -765,44 +757,6 @@ def _eos_edges(
     tokens = np.tile(np.asarray(eos_ids, dtype=np.int64), k)
     finals = np.repeat(np.arange(num_nodes, num_nodes + k, dtype=np.uint64), len(eos_ids))
     return keys.pack(sources, tokens, finals)
-
-
-# --------------------------------------------------------------------------- masks
-
-
-def _layout_masks(
-    tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-    """``_masks``, in C when the extension is in use."""
-    native = _kernels.KERNELS
-    if native is None:
-        return _masks(tokens, offsets)
-    mask_offsets, words, bits = native.masks(tokens, offsets)
-    return (
-        np.frombuffer(words, dtype=np.int64),
-        np.frombuffer(bits, dtype=np.int32),
-        np.frombuffer(mask_offsets, dtype=np.int32),
-    )
-
-
-def _masks(
-    tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-    """Each node's bitmask row as its non-zero words: (word index, word) pairs.
-
-    Tokens are sorted within a node, so the tokens sharing a word are adjacent and
-    one ``bitwise_or.reduceat`` merges them.
-    """
-    word = tokens >> 5
-    bit = np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32)).view(np.int32)
-    group_start = np.ones(len(tokens), dtype=bool)
-    group_start[1:] = word[1:] != word[:-1]
-    group_start[offsets[:-1][offsets[:-1] < len(tokens)]] = True  # a new node starts a new group
-    starts = np.flatnonzero(group_start)
-    bits = np.bitwise_or.reduceat(bit, starts) if starts.size else bit[:0]
-    mask_offsets = np.concatenate(([0], np.cumsum(group_start)))[offsets]
-    # int64 word indices: numpy scatters with them without converting the index.
-    return word[starts].astype(np.int64), bits, mask_offsets.astype(np.int32)
 
 
 # --------------------------------------------------------------------------- rare path

@@ -33,9 +33,6 @@ typedef struct {
     Py_buffer edge_offsets; /* int32, num_nodes + 2 */
     Py_buffer edge_tokens;  /* int32 */
     Py_buffer edge_dests;   /* int32 */
-    Py_buffer mask_offsets; /* int32, num_nodes + 2 */
-    Py_buffer mask_words;   /* int64 */
-    Py_buffer mask_bits;    /* int32 */
     int held;               /* how many of the buffers above are held */
     int64_t num_nodes;
     int64_t num_states;
@@ -57,8 +54,7 @@ static int get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const 
 }
 
 static void Kernel_dealloc(Kernel *self) {
-    Py_buffer *views[6] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests,
-                           &self->mask_offsets, &self->mask_words, &self->mask_bits};
+    Py_buffer *views[3] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests};
     for (int i = 0; i < self->held; i++) {
         PyBuffer_Release(views[i]);
     }
@@ -66,60 +62,46 @@ static void Kernel_dealloc(Kernel *self) {
 }
 
 static int Kernel_init(Kernel *self, PyObject *args, PyObject *kwds) {
-    PyObject *objs[6];
+    PyObject *objs[3];
     long long num_nodes, num_states;
     Py_ssize_t width;
     if (self->held) {
         PyErr_SetString(PyExc_RuntimeError, "Kernel is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOOOOLLn", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
-                          &num_nodes, &num_states, &width)) {
+    if (!PyArg_ParseTuple(args, "OOOLLn", &objs[0], &objs[1], &objs[2], &num_nodes, &num_states, &width)) {
         return -1;
     }
-    Py_buffer *views[6] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests,
-                           &self->mask_offsets, &self->mask_words, &self->mask_bits};
-    static const Py_ssize_t sizes[6] = {4, 4, 4, 4, 8, 4};
-    static const char *names[6] = {"edge_offsets", "edge_tokens", "edge_dests",
-                                   "mask_offsets", "mask_words", "mask_bits"};
-    for (int i = 0; i < 6; i++) {
-        if (get_array(objs[i], views[i], sizes[i], names[i]) < 0) {
+    Py_buffer *views[3] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests};
+    static const char *names[3] = {"edge_offsets", "edge_tokens", "edge_dests"};
+    for (int i = 0; i < 3; i++) {
+        if (get_array(objs[i], views[i], 4, names[i]) < 0) {
             return -1;
         }
         self->held = i + 1;
     }
-    if (num_nodes < 0 || num_states < num_nodes || width < 1 ||
-        self->edge_offsets.shape[0] != num_nodes + 2 || self->mask_offsets.shape[0] != num_nodes + 2 ||
-        self->edge_tokens.shape[0] != self->edge_dests.shape[0] ||
-        self->mask_words.shape[0] != self->mask_bits.shape[0]) {
+    if (num_nodes < 0 || num_states < num_nodes || width < 1 || width > ((int64_t)1 << 26) ||
+        self->edge_offsets.shape[0] != num_nodes + 2 || self->edge_tokens.shape[0] != self->edge_dests.shape[0]) {
         PyErr_SetString(PyExc_ValueError, "inconsistent automaton arrays");
         return -1;
     }
-    /* Every offset, word index and destination is checked once here, so that no later
-       call can read or write out of bounds whatever the arrays hold. */
+    /* Every offset, token and destination is checked once here, so that no later call can
+       read or write out of bounds whatever the arrays hold. */
     const int32_t *eo = (const int32_t *)self->edge_offsets.buf;
-    const int32_t *mo = (const int32_t *)self->mask_offsets.buf;
+    const int32_t *tokens = (const int32_t *)self->edge_tokens.buf;
     const int32_t *dests = (const int32_t *)self->edge_dests.buf;
-    const int64_t *words = (const int64_t *)self->mask_words.buf;
-    Py_ssize_t edges = self->edge_tokens.shape[0], nwords = self->mask_words.shape[0];
-    for (int64_t i = 0; i < num_nodes + 2; i++) {
-        if (eo[i] < 0 || eo[i] > edges || mo[i] < 0 || mo[i] > nwords ||
-            (i > 0 && (eo[i] < eo[i - 1] || mo[i] < mo[i - 1]))) {
-            PyErr_SetString(PyExc_ValueError, "automaton offsets out of order or out of range");
-            return -1;
-        }
+    Py_ssize_t edges = self->edge_tokens.shape[0];
+    int bad = eo[0] != 0;
+    for (int64_t i = 1; i < num_nodes + 2; i++) {
+        bad |= eo[i] < eo[i - 1] || eo[i] > edges;
     }
+    uint64_t limit = 32 * (uint64_t)width; /* a token's bit lies in the row */
     for (Py_ssize_t i = 0; i < edges; i++) {
-        if (dests[i] < 0 || dests[i] >= num_states) {
-            PyErr_SetString(PyExc_ValueError, "automaton destination out of range");
-            return -1;
-        }
+        bad |= (uint64_t)(uint32_t)dests[i] >= (uint64_t)num_states || (uint64_t)(uint32_t)tokens[i] >= limit;
     }
-    for (Py_ssize_t i = 0; i < nwords; i++) {
-        if (words[i] < 0 || words[i] >= width) {
-            PyErr_SetString(PyExc_ValueError, "mask word index out of range");
-            return -1;
-        }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "automaton offsets, tokens or destinations out of range");
+        return -1;
     }
     self->num_nodes = num_nodes;
     self->num_states = num_states;
@@ -163,16 +145,18 @@ static inline int32_t next_of(const Kernel *self, int64_t state, int64_t token) 
     return -1;
 }
 
+/* A row from the node's tokens (the automaton stores no bitmask words: setting one bit per
+   allowed token costs what copying the words did, and saves their memory). */
 static inline void fill_one(const Kernel *self, int32_t *row, int64_t node) {
     memset(row, 0, (size_t)self->width * sizeof(int32_t));
     if (node < 0 || node >= self->num_nodes) {
         return;
     }
-    const int32_t *offsets = (const int32_t *)self->mask_offsets.buf;
-    const int64_t *words = (const int64_t *)self->mask_words.buf;
-    const int32_t *bits = (const int32_t *)self->mask_bits.buf;
+    const int32_t *offsets = (const int32_t *)self->edge_offsets.buf;
+    const int32_t *tokens = (const int32_t *)self->edge_tokens.buf;
+    uint32_t *words = (uint32_t *)row;
     for (int32_t i = offsets[node]; i < offsets[node + 1]; i++) {
-        row[words[i]] = bits[i];
+        words[(uint32_t)tokens[i] >> 5] |= 1u << ((uint32_t)tokens[i] & 31);
     }
 }
 
@@ -816,76 +800,6 @@ done:
     return result;
 }
 
-/* masks(tokens int32, offsets int32[n + 2]) -> (mask_offsets int32[n + 2], words int64, bits int32)
- * Each node's bitmask row as its non-zero words (tokens ascending within a node). */
-static PyObject *masks(PyObject *module, PyObject *args) {
-    PyObject *tokens_obj, *offsets_obj;
-    if (!PyArg_ParseTuple(args, "OO", &tokens_obj, &offsets_obj)) {
-        return NULL;
-    }
-    Py_buffer tokens_view, offsets_view;
-    if (get_array(tokens_obj, &tokens_view, 4, "tokens") < 0) {
-        return NULL;
-    }
-    if (get_array(offsets_obj, &offsets_view, 4, "offsets") < 0) {
-        PyBuffer_Release(&tokens_view);
-        return NULL;
-    }
-    PyObject *result = NULL, *offsets_out = NULL, *words_out = NULL, *bits_out = NULL;
-    const int32_t *tokens = (const int32_t *)tokens_view.buf, *offsets = (const int32_t *)offsets_view.buf;
-    Py_ssize_t slots = offsets_view.shape[0], edges = tokens_view.shape[0];
-    int ok = slots >= 1 && offsets[0] == 0;
-    for (Py_ssize_t i = 1; ok && i < slots; i++) {
-        ok = offsets[i] >= offsets[i - 1] && offsets[i] <= edges;
-    }
-    for (Py_ssize_t i = 0; ok && i < edges; i++) {
-        ok = tokens[i] >= 0;
-    }
-    if (!ok) {
-        PyErr_SetString(PyExc_ValueError, "masks: inconsistent arrays");
-        goto done;
-    }
-    /* one pass into arrays sized for one word per token, then shrunk to the words used */
-    char *offsets_data, *words_data, *bits_data;
-    offsets_out = new_bytes(slots * 4, &offsets_data);
-    words_out = offsets_out ? new_bytes(edges * 8, &words_data) : NULL;
-    bits_out = words_out ? new_bytes(edges * 4, &bits_data) : NULL;
-    if (bits_out == NULL) {
-        goto done;
-    }
-    int32_t *mask_offsets = (int32_t *)offsets_data, *bits = (int32_t *)bits_data;
-    int64_t *word_index = (int64_t *)words_data;
-    int64_t w = 0;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t node = 0; node + 1 < slots; node++) {
-        mask_offsets[node] = (int32_t)w;
-        int32_t previous = -1;
-        for (int32_t i = offsets[node]; i < offsets[node + 1]; i++) {
-            int32_t word = tokens[i] >> 5;
-            if (word != previous) {
-                previous = word;
-                word_index[w] = word;
-                bits[w] = 0;
-                w++;
-            }
-            bits[w - 1] = (int32_t)((uint32_t)bits[w - 1] | (1u << (tokens[i] & 31)));
-        }
-    }
-    mask_offsets[slots - 1] = (int32_t)w;
-    Py_END_ALLOW_THREADS
-    if (PyByteArray_Resize(words_out, w * 8) < 0 || PyByteArray_Resize(bits_out, w * 4) < 0) {
-        goto done;
-    }
-    result = PyTuple_Pack(3, offsets_out, words_out, bits_out);
-done:
-    PyBuffer_Release(&tokens_view);
-    PyBuffer_Release(&offsets_view);
-    Py_XDECREF(offsets_out);
-    Py_XDECREF(words_out);
-    Py_XDECREF(bits_out);
-    return result;
-}
-
 /* ------------------------------------------------------------------ tries */
 
 typedef struct {
@@ -1461,7 +1375,6 @@ static PyMethodDef module_methods[] = {
     {"enable_ndarray_headers", enable_ndarray_headers, METH_VARARGS,
      "Check the mirror of NumPy's array header on three probes; read headers directly if it holds."},
     {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
-    {"masks", masks, METH_VARARGS, "Bitmask words of each node from its sorted tokens (see _compile._masks)."},
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {NULL, NULL, 0, NULL},

@@ -8,9 +8,6 @@ class Kernel:
         edge_offsets: Any,
         edge_tokens: Any,
         edge_dests: Any,
-        mask_offsets: Any,
-        mask_words: Any,
-        mask_bits: Any,
         num_nodes: int,
         num_states: int,
         width: int,
@@ -53,7 +50,6 @@ def match_trie(
     tables: Tables, parent: Any, byte: Any, terminal: Any, eos_ids: Any, /
 ) -> tuple[bytearray, bytearray, bytearray]: ...
 def enable_ndarray_headers(writable: Any, readonly: Any, transposed: Any, /) -> bool: ...
-def masks(tokens: Any, offsets: Any, /) -> tuple[bytearray, bytearray, bytearray]: ...
 def build_trie(
     flat: Any, starts: Any, want_inverse: bool, /
 ) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, bytearray | None]: ...
