@@ -208,9 +208,7 @@ class TrieAutomaton(_Core):
 
     def __reduce__(self) -> tuple[Any, ...]:
         state = {
-            name.lstrip("_"): getattr(self, name)
-            for name in TrieAutomaton.__slots__
-            if not name.endswith("_view")
+            name.lstrip("_"): getattr(self, name) for name in TrieAutomaton.__slots__ if not name.endswith("_view")
         }
         del state["num_nodes"], state["num_values"], state["width"]
         return (_restore, (state,))
