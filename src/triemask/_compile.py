@@ -501,38 +501,46 @@ def _encode_values(
 
 class _EdgeKeys:
     """Packs an edge ``(source, token, destination)`` into one uint64 whose order is
-    (source, token): sorting the keys groups edges by node, tokens ascending."""
+    (source, token): sorting the keys groups edges by node, tokens ascending.
+
+    When the three do not fit 64 bits (about 2^23 states with a 262K vocabulary), a key is
+    two uint64 columns instead, ``(source, token)`` and the destination: twice the memory
+    and an argsort instead of a sort, so there is no limit on the number of nodes.
+    """
 
     def __init__(self, num_nodes: int, num_states: int, vocab_size: int) -> None:
         self.token_bits = max(int(vocab_size - 1).bit_length(), 1)
         self.dest_bits = max(int(num_states - 1).bit_length(), 1)
-        if int(num_nodes).bit_length() + self.token_bits + self.dest_bits > 64:
-            raise ValueSetError(
-                f"{num_states} states with a {vocab_size}-token vocabulary do not fit triemask's "
-                "64-bit edge keys; split the set (docs/design.md, 'Limits')"
-            )
-        self.source_shift = np.uint64(self.token_bits + self.dest_bits)
-        self.token_shift = np.uint64(self.dest_bits)
+        self.wide = int(num_nodes).bit_length() + self.token_bits + self.dest_bits > 64
+        shift = self.token_bits if self.wide else self.token_bits + self.dest_bits
+        self.source_shift = np.uint64(shift)
+        self.token_shift = np.uint64(0 if self.wide else self.dest_bits)
 
     def pack(
         self, sources: npt.NDArray[Any], tokens: npt.NDArray[Any], dests: npt.NDArray[np.uint64]
     ) -> npt.NDArray[np.uint64]:
-        keys: npt.NDArray[np.uint64] = (
-            (sources.astype(np.uint64) << self.source_shift)
-            | (tokens.astype(np.uint64) << self.token_shift)
-            | dests.astype(np.uint64, copy=False)
+        keys: npt.NDArray[np.uint64] = (sources.astype(np.uint64) << self.source_shift) | (
+            tokens.astype(np.uint64) << self.token_shift
         )
-        return keys
+        if self.wide:
+            return np.stack([keys, dests.astype(np.uint64, copy=False)], axis=1)
+        return keys | dests.astype(np.uint64, copy=False)
 
     def csr(
         self, batches: list[npt.NDArray[np.uint64]], num_nodes: int
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """Sort the keys and split them into CSR arrays (tokens, destinations, offsets)."""
-        keys = np.concatenate(batches) if batches else np.zeros(0, dtype=np.uint64)
-        keys.sort()
+        empty = np.zeros((0, 2) if self.wide else 0, dtype=np.uint64)
+        keys = np.concatenate(batches) if batches else empty
+        if self.wide:  # (source, token) are distinct: their order is the edges' order
+            keys = keys[np.argsort(keys[:, 0])]
+            dests = keys[:, 1].astype(np.int32)
+            keys = keys[:, 0]
+        else:
+            keys.sort()
+            dests = (keys & np.uint64((1 << self.dest_bits) - 1)).astype(np.int32)
         sources = keys >> self.source_shift
         tokens = ((keys >> self.token_shift) & np.uint64((1 << self.token_bits) - 1)).astype(np.int32)
-        dests = (keys & np.uint64((1 << self.dest_bits) - 1)).astype(np.int32)
         offsets = np.zeros(num_nodes + 2, dtype=np.int64)  # counting is 3x faster than searchsorted here
         np.cumsum(np.bincount(sources.astype(np.intp), minlength=num_nodes + 1), out=offsets[1:])
         if len(keys) >= 1 << 31:  # pragma: no cover - over 2**31 edges
