@@ -198,3 +198,40 @@ def test_next_states_batch_matches_next_state() -> None:
     for size in (1, 2, _ROW_BY_ROW, _ROW_BY_ROW + 1):  # the row-by-row and the vectorised paths
         assert automaton.next_states(states[:size], tokens[:size]).tolist() == expected[:size]
         assert automaton.next_states(list(states[:size]), list(tokens[:size])).dtype == np.int32
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_memory_limit_stops_compilation_with_a_typed_error(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_bytes is checked on the values, on the trie, while matching (the C walk stops at
+    the edge budget) and on the result; a budget that fits changes nothing."""
+    from triemask import MemoryLimitError, _kernels
+    from triemask.datasets import synthetic_tools
+
+    if not native:
+        monkeypatch.setattr(_kernels, "KERNELS", None)
+    elif _kernels.KERNELS is None:
+        pytest.skip("built without the C extension")
+    vocab = Vocabulary([bytes([b]) for b in range(256)] + [b"get_", b"user", None], eos_token_ids=258)
+    values = synthetic_tools(2_000, seed=1)
+    compiler = Compiler(vocab)
+    full = compiler.compile(values)
+    value_bytes = sum(len(v.encode()) for v in values)
+    for limit, stage in (
+        (value_bytes // 2, "the values"),
+        (value_bytes + 8 * len(values) + 16, "the trie"),
+        (full.memory_bytes - 8 * full.stats()["edges"] // 2, "the edges"),
+    ):
+        with pytest.raises(MemoryLimitError, match=f"for {stage}.*more than max_bytes={limit:,}") as caught:
+            compiler.compile(values, max_bytes=limit)
+        assert caught.value.limit == limit and caught.value.needed > limit
+        assert isinstance(caught.value, ValueSetError)
+    with pytest.raises(MemoryLimitError):
+        compiler.compile(values, max_bytes=full.memory_bytes - 1)
+    fits = compiler.compile(values, max_bytes=full.memory_bytes)
+    assert fits.memory_bytes == full.memory_bytes
+    assert np.array_equal(
+        fits.allowed_token_pairs(range(fits.num_nodes))[1], full.allowed_token_pairs(range(full.num_nodes))[1]
+    )
+    for bad in (0, -5, "many", 1.5, True):
+        with pytest.raises(ValueSetError, match="max_bytes"):
+            compiler.compile(values, max_bytes=bad)  # type: ignore[arg-type]

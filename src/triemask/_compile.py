@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from . import _kernels
 from ._automaton import DagAutomaton, TrieAutomaton
-from ._errors import ArgumentTypeError, IncompatibleValueError, ValueSetError
+from ._errors import ArgumentTypeError, IncompatibleValueError, MemoryLimitError, ValueSetError, integer
 from ._regex import FORMATS, ByteDag, dag_of_pattern, dag_of_trie, mix64
 from ._token_index import TokenIndex
 from ._trie import ByteTrie, build_trie
@@ -81,7 +81,12 @@ class Compiler:
         return self._index.stats()
 
     def compile(
-        self, values: Iterable[str] | Iterable[bytes], *, eos: bool = True, layout: str = "trie"
+        self,
+        values: Iterable[str] | Iterable[bytes],
+        *,
+        eos: bool = True,
+        layout: str = "trie",
+        max_bytes: int | None = None,
     ) -> TrieAutomaton:
         """Compile the set ``values`` into an automaton.
 
@@ -102,6 +107,11 @@ class Compiler:
             less memory on sets with common endings (codes, names; a faster compile from
             about 100,000 values), but a state no longer determines the value: read it
             with ``Matcher.value`` or ``spell(token_ids)``. Measured in docs/formats.md.
+        max_bytes : int, optional
+            The most memory the automaton may take (``memory_bytes``). Checked on the
+            values, on the trie and during token matching, before the large
+            allocations, so a set too large for the budget fails fast and small
+            (compilation itself needs about 2.5x the automaton at its peak).
 
         Raises
         ------
@@ -110,12 +120,22 @@ class Compiler:
             or holds a string that is not valid Unicode.
         IncompatibleValueError
             No sequence of the vocabulary's text tokens spells some value.
+        MemoryLimitError
+            The automaton would take more than ``max_bytes``.
         """
+        if max_bytes is not None:
+            max_bytes = integer(max_bytes, "max_bytes", ValueSetError, "a positive integer")
+            if max_bytes <= 0:
+                raise ValueSetError(f"max_bytes must be a positive integer, got {max_bytes}")
         if layout == "dag":
-            return self._compile_set_dag(values, eos=eos)
-        if layout != "trie":
+            automaton: TrieAutomaton = self._compile_set_dag(values, eos=eos)
+        elif layout != "trie":
             raise ValueSetError(f"layout must be 'trie' or 'dag', got {layout!r:.40}")
-        return self._compile(values, eos=eos)[0]
+        else:
+            automaton = self._compile(values, eos=eos, max_bytes=max_bytes)[0]
+        if max_bytes is not None and automaton.memory_bytes > max_bytes:
+            raise _over_budget(max_bytes, automaton.memory_bytes, "the automaton")
+        return automaton
 
     def compile_regex(self, pattern: str, *, eos: bool = True) -> DagAutomaton:
         """Compile a regular expression whose language is finite.
@@ -259,7 +279,12 @@ class Compiler:
         )
 
     def _compile(
-        self, values: Iterable[str] | Iterable[bytes], *, eos: bool, pseudo: TokenIndex | None = None
+        self,
+        values: Iterable[str] | Iterable[bytes],
+        *,
+        eos: bool,
+        pseudo: TokenIndex | None = None,
+        max_bytes: int | None = None,
     ) -> tuple[TrieAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]] | None]:
         started = time.perf_counter()
         if eos and not self._vocab.eos_token_ids:
@@ -268,9 +293,16 @@ class Compiler:
                 "build the Vocabulary with eos_token_ids=..., or compile with eos=False"
             )
         items, strings, flat, starts, are_str = _encode_values(values)
+        if max_bytes is not None and flat.nbytes + starts.nbytes > max_bytes:  # the values alone
+            raise _over_budget(max_bytes, flat.nbytes + starts.nbytes, "the values")
         trie = build_trie(flat, starts, strings=strings)
         n, k = trie.num_nodes, trie.num_strings
         eos_ids = self._vocab.eos_token_ids if eos else ()
+        # what the automaton takes besides its edges (8 bytes each): offsets, values, maps
+        fixed = 4 * (n + 2) + trie.flat.nbytes + trie.starts.nbytes + 8 * k + trie.level_offsets.nbytes
+        if max_bytes is not None and fixed > max_bytes:
+            raise _over_budget(max_bytes, fixed, f"the trie ({n:,} nodes)")
+        max_edges = -1 if max_bytes is None else (max_bytes - fixed) // 8
         native = _kernels.KERNELS
         if native is not None:  # the same matching and layout in C (see _match)
             if n + k >= 1 << 31:
@@ -282,15 +314,21 @@ class Compiler:
                     trie.byte,
                     trie.terminal,
                     np.asarray(eos_ids, dtype=np.int64),
+                    max_edges,
                 )
             except OverflowError as error:  # over 2**31 edges
                 raise ValueSetError(f"{error}") from None
+            if csr is None:  # stopped when the edges passed the budget
+                raise _over_budget(max_bytes or 0, fixed + 8 * (max_edges + 1), f"the edges of {n:,} nodes")
             offsets, tokens, dests = (np.frombuffer(b, dtype=np.int32) for b in csr)
         else:
             keys = _EdgeKeys(n, n + k, self._vocab.vocab_size)
             found = _match(trie, self._index, keys)
             if eos:
                 found.append(_eos_edges(trie.terminal, trie.num_nodes, keys, eos_ids))
+            edges = sum(len(batch) for batch in found)
+            if max_bytes is not None and edges > max_edges:
+                raise _over_budget(max_bytes, fixed + 8 * edges, f"the edges of {n:,} nodes")
             tokens, dests, offsets = keys.csr(found, n)
         if not self._every_byte_is_a_token(trie.byte[1:]):
             tokens, dests, offsets, reachable = _prune(n, trie.level_offsets, trie.terminal, tokens, dests, offsets)
@@ -429,6 +467,15 @@ def compile_pattern_with_pseudo_tokens(
     automaton, edges = compiler._compile_dag(dag_of_pattern(pattern), pattern, eos=False, pseudo=pseudo)
     assert edges is not None
     return automaton, edges
+
+
+def _over_budget(limit: int, needed: int, what: str) -> MemoryLimitError:
+    return MemoryLimitError(
+        f"the set needs at least {needed:,} bytes for {what}, more than max_bytes={limit:,}: "
+        "raise the limit, split the set, or use layout='dag' for sets with common endings",
+        limit=limit,
+        needed=needed,
+    )
 
 
 # --------------------------------------------------------------------------- values

@@ -7,7 +7,8 @@ also from the built-in class a caller would naturally catch (``ValueError``,
     TriemaskError
     ├── VocabularyError (ValueError)       a token table, EOS id, vocab_size or tokenizer file is unusable
     ├── ValueSetError (ValueError)         the set of values to compile is unusable
-    │   └── IncompatibleValueError         a value no sequence of text tokens can spell
+    │   ├── IncompatibleValueError         a value no sequence of text tokens can spell
+    │   └── MemoryLimitError               the automaton would exceed compile(max_bytes=...)
     ├── PatternError (ValueError)          a regex triemask cannot compile; .position is the offending offset
     │   └── UnboundedPatternError          *, + or {n,}: an infinite language, for the structural engine
     ├── SchemaError (ValueError)           a JSON schema or tool list that cannot be compiled; .path names
@@ -31,6 +32,7 @@ __all__ = [
     "ArgumentTypeError",
     "BitmaskError",
     "IncompatibleValueError",
+    "MemoryLimitError",
     "PatternError",
     "SchemaError",
     "StateError",
@@ -52,6 +54,25 @@ class VocabularyError(TriemaskError, ValueError):
 
 class ValueSetError(TriemaskError, ValueError):
     """The set of values handed to ``Compiler.compile`` cannot be compiled."""
+
+
+class MemoryLimitError(ValueSetError):
+    """The set's automaton would take more memory than the caller allowed
+    (``Compiler.compile(values, max_bytes=...)``), found before the large allocations.
+
+    Attributes
+    ----------
+    limit : int
+        The ``max_bytes`` given.
+    needed : int
+        The bytes known to be needed when compilation stopped (a lower bound when it
+        stopped early).
+    """
+
+    def __init__(self, message: str, *, limit: int, needed: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.needed = needed
 
 
 class IncompatibleValueError(ValueSetError):

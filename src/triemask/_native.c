@@ -622,15 +622,18 @@ static PyTypeObject TablesType = {
     .tp_dealloc = (destructor)Tables_dealloc,
 };
 
-/* match_trie(tables, parent, byte, terminal, eos_ids)
- *   -> (edge_offsets int32[n + 2], edge_tokens int32, edge_dests int32) as bytearrays
+/* match_trie(tables, parent, byte, terminal, eos_ids, max_edges)
+ *   -> (edge_offsets int32[n + 2], edge_tokens int32, edge_dests int32) as bytearrays, or None
+ *      as soon as the edges pass max_edges (>= 0; -1: no limit), before the large allocations
  *
  * The compiler's token matching (see _compile._match) for a trie: for every node m, walk
  * up from m while the path is a suffix of some token, and emit a --token--> m; then the
  * EOS edges of the terminals; then the CSR by source with tokens ascending. */
 static PyObject *match_trie(PyObject *module, PyObject *args) {
     PyObject *tables_obj, *objs[4];
-    if (!PyArg_ParseTuple(args, "O!OOOO", &TablesType, &tables_obj, &objs[0], &objs[1], &objs[2], &objs[3])) {
+    long long max_edges = -1;
+    if (!PyArg_ParseTuple(args, "O!OOOO|L", &TablesType, &tables_obj, &objs[0], &objs[1], &objs[2], &objs[3],
+                          &max_edges)) {
         return NULL;
     }
     Tables *tables = (Tables *)tables_obj;
@@ -691,17 +694,27 @@ static PyObject *match_trie(PyObject *module, PyObject *args) {
     /* one walk: every (source, token, destination) into a growing buffer, counted by source */
     int64_t total = 0, capacity = 4 * (int64_t)n + (int64_t)k * eos.shape[0] + 16;
     int32_t *found = NULL; /* triples: source, token, destination */
-    int failed = 0;
+    int failed = 0, over = 0;
+    if (max_edges >= 0 && capacity > max_edges + 1) {
+        capacity = max_edges + 1; /* the buffer never outgrows the budget */
+    }
     Py_BEGIN_ALLOW_THREADS
     found = (int32_t *)malloc((size_t)capacity * 3 * sizeof(int32_t));
     failed = found == NULL;
-    for (Py_ssize_t m = 1; !failed && m < n; m++) {
+    for (Py_ssize_t m = 1; !failed && !over && m < n; m++) {
         int32_t a = par[m], u = index_child(&ix, 0, bytes[m]);
         for (;;) {
             if (first_token[u] >= 0) {
                 int64_t extra = 1 + (dup_off ? dup_off[u + 1] - dup_off[u] : 0);
+                if (max_edges >= 0 && total + extra > max_edges) {
+                    over = 1;
+                    break;
+                }
                 if (total + extra > capacity) {
                     capacity = 2 * capacity + extra;
+                    if (max_edges >= 0 && capacity > max_edges + 1) {
+                        capacity = max_edges + 1; /* still >= total + extra */
+                    }
                     int32_t *grown = (int32_t *)realloc(found, (size_t)capacity * 3 * sizeof(int32_t));
                     if (grown == NULL) {
                         failed = 1;
@@ -727,16 +740,23 @@ static PyObject *match_trie(PyObject *module, PyObject *args) {
             a = par[a];
         }
     }
-    if (!failed) {
+    if (!failed && !over) {
         for (Py_ssize_t i = 0; i < k; i++) {
             counts[term[i]] += eos.shape[0];
         }
         total += (int64_t)k * eos.shape[0];
+        over = max_edges >= 0 && total > max_edges;
     }
     Py_END_ALLOW_THREADS
     if (failed) {
         free(found);
         PyErr_NoMemory();
+        goto done;
+    }
+    if (over) {
+        free(found);
+        result = Py_None;
+        Py_INCREF(result);
         goto done;
     }
     if (total >= INT32_MAX) {
