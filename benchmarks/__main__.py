@@ -3,6 +3,7 @@
     python -m benchmarks [--quick] [--out benchmarks/results] [--sections ...]
     python -m benchmarks schemas [--quick]      (JSON schemas and tool calls: benchmarks/schemas.py)
     python -m benchmarks formats [--quick]      (fixed formats, paper Table 17: benchmarks/formats.py)
+    python -m benchmarks large [--quick]        (a million values and beyond: benchmarks/large.py)
 
 Every figure is measured in this run, on this machine, with the same vocabulary,
 value sets and decoding states for every engine; ratios are peer time / triemask
@@ -359,6 +360,11 @@ def main(argv: list[str] | None = None) -> None:
         from . import schemas
 
         schemas.main(args[1:])
+        return
+    if args[:1] == ["large"]:  # python -m benchmarks large: a million values and beyond
+        from . import large
+
+        large.main(args[1:])
         return
     if args[:1] == ["formats"]:  # python -m benchmarks formats: dates, UUIDs, addresses
         from . import formats

@@ -23,6 +23,8 @@ import tarfile
 import urllib.request
 from pathlib import Path
 
+import numpy as np
+
 from .vocabs import cache_dir
 
 WORDS_DEB = (
@@ -83,6 +85,15 @@ def load_large(name: str) -> list[str]:
             assert source is not None
             return list(dict.fromkeys(json.load(source)))
     raise ValueError(f"unknown large set {name!r}; choose from {', '.join(LARGE_SETS)}")
+
+
+def synthetic_ids(k: int, seed: int = 0) -> list[str]:
+    """``k`` distinct identifiers like ``service_000123456.method_123456``: little shared
+    structure beyond the fixed parts (the set that once broke the 64-bit edge keys)."""
+    rng = np.random.default_rng(seed)
+    services = rng.choice(10**9, size=k, replace=False)
+    methods = rng.integers(0, 10**6, size=k)
+    return [f"service_{s:09d}.method_{m:06d}" for s, m in zip(services.tolist(), methods.tolist(), strict=True)]
 
 
 def cached(name: str) -> Path | None:

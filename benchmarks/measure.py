@@ -177,14 +177,29 @@ def cross_check(
 
 
 def compile_sweep(
-    engine: str, vocabulary: str, value_set: str, sizes: list[int], timeout: float, repeat_budget: float = 3.0
+    engine: str,
+    vocabulary: str,
+    value_set: str,
+    sizes: list[int],
+    timeout: float,
+    repeat_budget: float = 3.0,
+    decode: bool = False,
 ) -> dict[str, Any]:
     """Compile times for every K, in a fresh process, each compile under ``timeout`` seconds.
 
     A K whose first compile does not finish in time is recorded as ``"timeout"``, and so
-    are the larger K (compile time grows with K for every engine measured here).
+    are the larger K (compile time grows with K for every engine measured here). With
+    ``decode`` (triemask), the child also measures a step and a 128-row batch fill on
+    the compiled set.
     """
-    request = {"engine": engine, "vocab": vocabulary, "set": value_set, "sizes": sizes, "budget": repeat_budget}
+    request = {
+        "engine": engine,
+        "vocab": vocabulary,
+        "set": value_set,
+        "sizes": sizes,
+        "budget": repeat_budget,
+        "decode": decode,
+    }
     child = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.worker", json.dumps(request)],
         stdout=subprocess.PIPE,
@@ -271,19 +286,35 @@ def run_worker(request: dict[str, Any]) -> None:
         peak_delta = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before  # ru_maxrss: KiB on Linux
         emit({"phase": "first", "first_s": first})
         runs = [engine_compile_seconds(engine, values) for _ in range(min(7, int(request["budget"] / first)))]
-        emit(
-            {
-                "k": k,
-                "status": "ok",
-                "first_s": first,
-                "compile_s": statistics.median(runs) if runs else first,
-                "runs": len(runs) or 1,
-                "rss_delta_bytes": rss_delta,
-                "peak_rss_delta_bytes": max(0, peak_delta),
-                "memory_bytes": engine.memory_bytes(compiled),
-            }
-        )
+        message = {
+            "k": k,
+            "status": "ok",
+            "values": len(values),
+            "input_bytes": sum(map(len, (v.encode() for v in values))),
+            "first_s": first,
+            "compile_s": statistics.median(runs) if runs else first,
+            "runs": len(runs) or 1,
+            "rss_delta_bytes": rss_delta,
+            "peak_rss_delta_bytes": max(0, peak_delta),
+            "memory_bytes": engine.memory_bytes(compiled),
+        }
+        if request.get("decode"):
+            message.update(_decode_figures(engine, compiled, loaded.vocab, values))
+        emit(message)
         del compiled
+
+
+def _decode_figures(engine: Any, automaton: TrieAutomaton, vocab: Vocabulary, values: list[str]) -> dict[str, Any]:
+    """A step (through Matcher and through the stateless API) and a 128-row batch fill."""
+    paths = decoding_paths(automaton, vocab, values, 32, seed=0)
+    stats = automaton.stats()
+    return {
+        "nodes": stats["trie_nodes"],
+        "edges": stats["edges"],
+        "per_step_s": per_step_seconds(engine, automaton, paths, 9, engine.matcher_request(automaton)),
+        "per_step_stateless_s": per_step_seconds(engine, automaton, paths, 9),
+        "batch_fill_128_s": batch_step_seconds(engine, automaton, paths, 128, 20, 3)["fill_s"],
+    }
 
 
 def engine_compile_seconds(engine: Engine, values: list[str]) -> float:

@@ -245,7 +245,7 @@ print(_kernels.NATIVE, type(matcher).__mro__[1].__name__, digest, automaton.next
 
 
 @settings(max_examples=300, deadline=None)
-@given(data=st.binary(min_size=24, max_size=200))
+@given(data=st.binary(min_size=36, max_size=200))
 def test_kernel_fuzz_target(data: bytes) -> None:
     """tests/fuzz_native.py's target (run with atheris by hand), briefly."""
     from fuzz_native import kernel_target
@@ -255,7 +255,7 @@ def test_kernel_fuzz_target(data: bytes) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    sizes=st.lists(st.integers(0, 6), min_size=3, max_size=3),
+    sizes=st.lists(st.integers(0, 6), min_size=5, max_size=5),
     data=st.data(),
 )
 def test_kernel_rejects_inconsistent_arrays(sizes: list[int], data: st.DataObject) -> None:
@@ -267,7 +267,7 @@ def test_kernel_rejects_inconsistent_arrays(sizes: list[int], data: st.DataObjec
     arrays = [np.asarray(data.draw(st.lists(ints, min_size=n, max_size=n)), dtype=np.int32) for n in sizes]
     num_nodes, num_states = data.draw(st.integers(0, 4)), data.draw(st.integers(0, 8))
     values = np.asarray(data.draw(st.lists(ints, min_size=3, max_size=6)), dtype=np.int32)
-    exercise_kernel(arrays, num_nodes, num_states, data.draw(st.integers(1, 4)), values)
+    exercise_kernel(arrays, num_nodes, num_states, data.draw(st.integers(1, 4)), values, data.draw(st.integers(0, 3)))
 
 
 def test_threads_share_one_automaton(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -61,6 +61,26 @@ def _count_words(tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]) 
     return int(np.count_nonzero(new))
 
 
+def dense_threshold(width: int) -> int:
+    """How many allowed tokens make a node's bitmask row stored whole (``width`` words):
+    half a row's worth, so a stored row takes at most the memory of its node's edges,
+    and a step at a node allowing most of the vocabulary is one copy, not one bit per token."""
+    return max(1, width // 2)
+
+
+def dense_rows(
+    tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32], num_nodes: int, width: int
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """The nodes (ascending) whose rows are stored whole, and those rows, flat."""
+    counts = np.diff(offsets[: num_nodes + 1])
+    nodes = np.flatnonzero(counts >= dense_threshold(width)).astype(np.int32)
+    rows = np.zeros((len(nodes), width), dtype=np.int32)
+    for row, node in zip(rows, nodes.tolist(), strict=True):
+        allowed = tokens[offsets[node] : offsets[node + 1]]
+        _set_bits(row, allowed >> 5, allowed)
+    return nodes, rows.reshape(-1)
+
+
 _ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
 
 
@@ -129,6 +149,8 @@ class TrieAutomaton(_Core):
 
     __slots__ = (
         "_compile_seconds",
+        "_dense_nodes",
+        "_dense_rows",
         "_dests_view",
         "_edge_dests",
         "_edge_offsets",
@@ -157,6 +179,8 @@ class TrieAutomaton(_Core):
         edge_offsets: npt.NDArray[np.int32],
         edge_tokens: npt.NDArray[np.int32],
         edge_dests: npt.NDArray[np.int32],
+        dense_nodes: npt.NDArray[np.int32],
+        dense_rows: npt.NDArray[np.int32],
         terminal_nodes: _IntArray,
         terminal_values: _IntArray,
         value_flat: _IntArray,
@@ -175,6 +199,8 @@ class TrieAutomaton(_Core):
         self._edge_offsets = edge_offsets
         self._edge_tokens = edge_tokens
         self._edge_dests = edge_dests
+        self._dense_nodes = dense_nodes
+        self._dense_rows = dense_rows
         self._terminal_nodes = terminal_nodes
         self._terminal_values = terminal_values
         self._value_flat = value_flat
@@ -201,9 +227,12 @@ class TrieAutomaton(_Core):
                 edge_offsets,
                 edge_tokens,
                 edge_dests,
+                dense_nodes,
+                dense_rows,
                 self._num_nodes,
                 self._num_nodes + self._num_values,
                 self._width,
+                dense_threshold(self._width),
             )
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -218,6 +247,8 @@ class TrieAutomaton(_Core):
             self._edge_offsets,
             self._edge_tokens,
             self._edge_dests,
+            self._dense_nodes,
+            self._dense_rows,
             self._terminal_nodes,
             self._terminal_values,
             self._value_flat,
@@ -501,6 +532,12 @@ class TrieAutomaton(_Core):
             row_base = row_ids.astype(np.int64) * self._width
         first, last = self._edge_offsets[nodes], self._edge_offsets[nodes + 1]
         counts = last - first
+        dense = self._dense_index(nodes, counts)
+        if (dense >= 0).any():  # rows stored whole: copied, and left out of the token scatter
+            whole = np.flatnonzero(dense >= 0)
+            stored = self._dense_rows.reshape(-1, self._width)
+            array.reshape(-1, self._width)[row_base[whole] // self._width] = stored[dense[whole]]
+            counts = np.where(dense >= 0, 0, counts)
         ends = np.cumsum(counts)
         total = int(ends[-1]) if batch else 0
         if total:
@@ -524,11 +561,8 @@ class TrieAutomaton(_Core):
         else:
             targets = self._few_rows(rows, count, array.shape[0])
             array[targets] = 0
-        offsets, tokens, num_nodes = self._edge_offsets_view, self._edge_tokens, self._num_nodes
         for row, state in zip(targets, values, strict=True):
-            if 0 <= state < num_nodes:  # final and DEAD rows stay zero
-                allowed = tokens[offsets[state] : offsets[state + 1]]
-                _set_bits(array[row], allowed >> 5, allowed)
+            self._fill_row(array[row], state)
 
     @staticmethod
     def _few_rows(rows: Any, count: int, height: int) -> list[int]:
@@ -564,12 +598,26 @@ class TrieAutomaton(_Core):
 
     def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
         """Overwrite one bitmask row (a 1-D int32 view) with ``state``'s mask."""
+        if not 0 <= state < self._num_nodes:
+            self._node(state)  # raises for ids that are no state; final and DEAD rows are zero
+            row.fill(0)
+            return
+        lo, hi = self._edge_offsets_view[state], self._edge_offsets_view[state + 1]
+        dense = self._dense_index(np.array([state]), np.array([hi - lo]))[0]
+        if dense >= 0:
+            row[:] = self._dense_rows[dense * self._width : (dense + 1) * self._width]
+            return
         row.fill(0)
-        if 0 <= state < self._num_nodes:
-            allowed = self._edge_tokens[self._edge_offsets_view[state] : self._edge_offsets_view[state + 1]]
-            _set_bits(row, allowed >> 5, allowed)
-        else:
-            self._node(state)
+        allowed = self._edge_tokens[lo:hi]
+        _set_bits(row, allowed >> 5, allowed)
+
+    def _dense_index(self, nodes: npt.NDArray[Any], counts: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
+        """For each node, its row among the rows stored whole, or -1."""
+        where = np.searchsorted(self._dense_nodes, nodes)
+        found = where < len(self._dense_nodes)
+        found[found] = self._dense_nodes[where[found]] == nodes[found]
+        found &= counts >= dense_threshold(self._width)
+        return np.where(found, where, -1)
 
     # ------------------------------------------------------------------ description
 

@@ -33,10 +33,13 @@ typedef struct {
     Py_buffer edge_offsets; /* int32, num_nodes + 2 */
     Py_buffer edge_tokens;  /* int32 */
     Py_buffer edge_dests;   /* int32 */
+    Py_buffer dense_nodes;  /* int32, ascending: the nodes stored as whole rows */
+    Py_buffer dense_rows;   /* int32, one row of `width` words per dense node */
     int held;               /* how many of the buffers above are held */
     int64_t num_nodes;
     int64_t num_states;
     Py_ssize_t width;
+    int64_t dense_min;      /* only a node with at least this many edges can be dense */
 } Kernel;
 
 static PyTypeObject KernelType;
@@ -54,7 +57,8 @@ static int get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const 
 }
 
 static void Kernel_dealloc(Kernel *self) {
-    Py_buffer *views[3] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests};
+    Py_buffer *views[5] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests, &self->dense_nodes,
+                           &self->dense_rows};
     for (int i = 0; i < self->held; i++) {
         PyBuffer_Release(views[i]);
     }
@@ -62,19 +66,21 @@ static void Kernel_dealloc(Kernel *self) {
 }
 
 static int Kernel_init(Kernel *self, PyObject *args, PyObject *kwds) {
-    PyObject *objs[3];
-    long long num_nodes, num_states;
+    PyObject *objs[5];
+    long long num_nodes, num_states, dense_min;
     Py_ssize_t width;
     if (self->held) {
         PyErr_SetString(PyExc_RuntimeError, "Kernel is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OOOLLn", &objs[0], &objs[1], &objs[2], &num_nodes, &num_states, &width)) {
+    if (!PyArg_ParseTuple(args, "OOOOOLLnL", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &num_nodes,
+                          &num_states, &width, &dense_min)) {
         return -1;
     }
-    Py_buffer *views[3] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests};
-    static const char *names[3] = {"edge_offsets", "edge_tokens", "edge_dests"};
-    for (int i = 0; i < 3; i++) {
+    Py_buffer *views[5] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests, &self->dense_nodes,
+                           &self->dense_rows};
+    static const char *names[5] = {"edge_offsets", "edge_tokens", "edge_dests", "dense_nodes", "dense_rows"};
+    for (int i = 0; i < 5; i++) {
         if (get_array(objs[i], views[i], 4, names[i]) < 0) {
             return -1;
         }
@@ -99,10 +105,17 @@ static int Kernel_init(Kernel *self, PyObject *args, PyObject *kwds) {
     for (Py_ssize_t i = 0; i < edges; i++) {
         bad |= (uint64_t)(uint32_t)dests[i] >= (uint64_t)num_states || (uint64_t)(uint32_t)tokens[i] >= limit;
     }
+    const int32_t *dense = (const int32_t *)self->dense_nodes.buf;
+    Py_ssize_t n_dense = self->dense_nodes.shape[0];
+    bad |= dense_min < 1 || self->dense_rows.shape[0] != (Py_ssize_t)n_dense * width;
+    for (Py_ssize_t i = 0; i < n_dense; i++) {
+        bad |= dense[i] < 0 || dense[i] >= num_nodes || (i > 0 && dense[i] <= dense[i - 1]);
+    }
     if (bad) {
-        PyErr_SetString(PyExc_ValueError, "automaton offsets, tokens or destinations out of range");
+        PyErr_SetString(PyExc_ValueError, "automaton offsets, tokens, destinations or dense rows out of range");
         return -1;
     }
+    self->dense_min = dense_min;
     self->num_nodes = num_nodes;
     self->num_states = num_states;
     self->width = width;
@@ -146,13 +159,31 @@ static inline int32_t next_of(const Kernel *self, int64_t state, int64_t token) 
 }
 
 /* A row from the node's tokens (the automaton stores no bitmask words: setting one bit per
-   allowed token costs what copying the words did, and saves their memory). */
+   allowed token costs what copying the words did, and saves their memory), or, for the few
+   nodes allowing half a row's worth of tokens or more, a copy of the row stored whole. */
 static inline void fill_one(const Kernel *self, int32_t *row, int64_t node) {
+    const int32_t *offsets = (const int32_t *)self->edge_offsets.buf;
+    if (node >= 0 && node < self->num_nodes && offsets[node + 1] - offsets[node] >= self->dense_min) {
+        /* a node allowing a large part of the vocabulary: its row is stored whole */
+        const int32_t *dense = (const int32_t *)self->dense_nodes.buf;
+        Py_ssize_t lo = 0, hi = self->dense_nodes.shape[0];
+        while (lo < hi) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (dense[mid] < node) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if (lo < self->dense_nodes.shape[0] && dense[lo] == node) {
+            memcpy(row, (const int32_t *)self->dense_rows.buf + lo * self->width, (size_t)self->width * 4);
+            return;
+        }
+    }
     memset(row, 0, (size_t)self->width * sizeof(int32_t));
     if (node < 0 || node >= self->num_nodes) {
         return;
     }
-    const int32_t *offsets = (const int32_t *)self->edge_offsets.buf;
     const int32_t *tokens = (const int32_t *)self->edge_tokens.buf;
     uint32_t *words = (uint32_t *)row;
     for (int32_t i = offsets[node]; i < offsets[node + 1]; i++) {

@@ -8,9 +8,12 @@ class Kernel:
         edge_offsets: Any,
         edge_tokens: Any,
         edge_dests: Any,
+        dense_nodes: Any,
+        dense_rows: Any,
         num_nodes: int,
         num_states: int,
         width: int,
+        dense_min: int,
         /,
     ) -> None: ...
     def next(self, state: Any, token: Any, /) -> int | None: ...

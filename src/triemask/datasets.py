@@ -215,7 +215,34 @@ _MORE_RESOURCES = [
     "instance",
     "cluster",
 ]
-_QUALIFIERS = ["_by_id", "_by_name", "_batch", "_v2", "_async", "_details", "_history", "_status", "_settings"]
+_QUALIFIERS = [
+    "_by_id",
+    "_by_name",
+    "_batch",
+    "_v2",
+    "_async",
+    "_details",
+    "_history",
+    "_status",
+    "_settings",
+    # beyond about 2.1 million names (the large-set benchmarks: up to 5 million)
+    "_v3",
+    "_bulk",
+    "_count",
+    "_export",
+    "_import",
+    "_preview",
+    "_summary",
+    "_metadata",
+    "_permissions",
+    "_schema",
+    "_stream",
+    "_sync",
+    "_legacy",
+    "_internal",
+    "_admin",
+    "_raw",
+]
 
 
 def _tool_space(k: int) -> list[str]:
@@ -254,7 +281,7 @@ def synthetic_tools(k: int, seed: int = 0) -> list[str]:
     uniformly from the smallest catalogue that holds ``k`` names (see
     ``_tool_space``): for ``k <= 1,100`` the paper's pools, beyond that pools
     extended with real service names, more actions and resources, and finally
-    qualifier suffixes (up to about 1.26 million names).
+    qualifier suffixes (up to about 5.4 million names).
     """
     return random.Random(seed).sample(_tool_space(k), k)
 

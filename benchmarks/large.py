@@ -1,0 +1,121 @@
+"""Large sets: a million values and beyond, real and synthetic, triemask alone.
+
+    python -m benchmarks large [--quick] [--out benchmarks/results]
+
+Each set compiles in a fresh process (Qwen2.5, the token index prepared first): compile
+time, the automaton's size (``memory_bytes``), peak RSS during the compile (over the
+process's RSS before it, and per byte of input), then a step (through ``Matcher`` and
+through ``fill_bitmask`` + ``next_state``) and a 128-row batch fill on 32 sampled values.
+
+Sets: synthetic tools at 1, 2 and 5 million (``triemask.datasets.synthetic_tools``);
+500,000 identifiers like ``service_000123456.method_123456`` (little shared structure);
+the 663,473 words of Debian's ``wamerican-insane``; the 4,499,322 npm package names of
+``all-the-package-names`` (the last two fetched once and cached: benchmarks/large_sets.py).
+``--quick``: tools 1M and the words only.
+
+The peers at 100,000 values are in the main suite's compile sweep
+(``benchmarks/results/full.md``): this file quotes how each fared there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .measure import compile_sweep
+
+CASES = [
+    ("tools 1M", "tools", 1_000_000),
+    ("tools 2M", "tools", 2_000_000),
+    ("tools 5M", "tools", 5_000_000),
+    ("ids 500K", "ids", 500_000),
+    ("words (Debian wamerican-insane)", "words", 0),
+    ("npm package names", "npm-names", 0),
+]
+QUICK = ("tools 1M", "words (Debian wamerican-insane)")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def peers_at_100k(full: Path) -> list[list[str]]:
+    """How each engine fared at K = 100,000 in the committed full run."""
+    if not full.exists():
+        return []
+    sweeps = json.loads(full.read_text()).get("compile", {})
+    rows = []
+    for engine, sweep in sweeps.items():
+        entry = sweep.get("sizes", {}).get("100000", {})
+        status = entry.get("status", "-")
+        if status == "ok":
+            text = f"compiles in {entry['first_s']:.2f} s"
+        elif status == "timeout":
+            text = f"no first mask within {entry.get('timeout_s', 0):.0f} s (timeout)"
+        else:
+            text = f"fails: {entry.get('error', status)}"
+        rows.append([engine, text])
+    return rows
+
+
+def _mb(value: float) -> str:
+    return f"{value / 1e6:,.0f} MB"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = [
+        f"# Large sets (triemask alone, {results['date']})\n",
+        f"Machine: {results['machine']}. Vocabulary: Qwen2.5. Each set in a fresh process.\n",
+        "| set | values | input | trie nodes | edges | compile | automaton | peak RSS (x input, x automaton) "
+        "| step (Matcher / stateless) | batch fill B = 128 |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for label, entry in results["sets"].items():
+        if entry.get("status") != "ok":
+            lines.append(f"| {label} | {entry.get('error', entry.get('status'))} |||||||||")
+            continue
+        peak = entry["peak_rss_delta_bytes"]
+        lines.append(
+            f"| {label} | {entry['values']:,} | {_mb(entry['input_bytes'])} | {entry['nodes']:,} | {entry['edges']:,} "
+            f"| {entry['first_s']:.2f} s | {_mb(entry['memory_bytes'])} "
+            f"| +{_mb(peak)} ({peak / entry['input_bytes']:.1f}x, {peak / entry['memory_bytes']:.1f}x) "
+            f"| {entry['per_step_s'] * 1e6:.2f} / {entry['per_step_stateless_s'] * 1e6:.2f} us "
+            f"| {entry['batch_fill_128_s'] * 1e6:.0f} us |"
+        )
+    if results["peers_100k"]:
+        lines += ["", "The peers at K = 100,000 synthetic tools (the main suite's full run):", ""]
+        lines += ["| engine | K = 100,000 |", "|---|---|"]
+        lines += [f"| {engine} | {text} |" for engine, text in results["peers_100k"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks large", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tools 1M and the words only")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per compile")
+    options = parser.parse_args(argv)
+    from . import __main__ as suite
+
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": suite.machine()["cpu"],
+        "sets": {},
+        "peers_100k": peers_at_100k(options.out / "full.json"),
+    }
+    for label, name, k in CASES:
+        if options.quick and label not in QUICK:
+            continue
+        log(f"large: {label}")
+        sweep = compile_sweep("triemask", "qwen2.5", name, [k], options.timeout, repeat_budget=0, decode=True)
+        results["sets"][label] = {**sweep["sizes"][str(k)], "prepare_s": sweep.get("prepare_s")}
+        log(f"large: {label}: {results['sets'][label]}")
+    stem = "large-quick" if options.quick else "large"
+    options.out.mkdir(parents=True, exist_ok=True)
+    (options.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (options.out / f"{stem}.md").write_text(markdown(results))
+    print(markdown(results))
