@@ -4,6 +4,7 @@
     python -m benchmarks schemas [--quick]      (JSON schemas and tool calls: benchmarks/schemas.py)
     python -m benchmarks formats [--quick]      (fixed formats, paper Table 17: benchmarks/formats.py)
     python -m benchmarks large [--quick]        (a million values and beyond: benchmarks/large.py)
+    python -m benchmarks hierarchy [--n 40]     (flat vs hierarchical decoding on SmolLM2: benchmarks/hierarchy.py)
 
 Every figure is measured in this run, on this machine, with the same vocabulary,
 value sets and decoding states for every engine; ratios are peer time / triemask
@@ -360,6 +361,11 @@ def main(argv: list[str] | None = None) -> None:
         from . import schemas
 
         schemas.main(args[1:])
+        return
+    if args[:1] == ["hierarchy"]:  # python -m benchmarks hierarchy: flat vs hierarchical on SmolLM2
+        from . import hierarchy
+
+        hierarchy.main(args[1:])
         return
     if args[:1] == ["large"]:  # python -m benchmarks large: a million values and beyond
         from . import large
