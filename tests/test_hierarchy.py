@@ -84,6 +84,9 @@ def test_embedding_hierarchy_recovers_clusters_and_measures_coherence() -> None:
     assert all(label in group for label, group in hierarchy.groups.items())  # labels are members
     order = [int(v[1:]) for v in hierarchy.values]
     assert hierarchy.coherence(vectors[order]) > 0.95
+    described = Hierarchy.by_embeddings(values, vectors, groups=4, seed=1, describe=lambda v: "same")
+    assert sorted(described.groups) == ["same", "same (2)", "same (3)", "same (4)"]  # equal labels told apart
+    check_partition(described, values)
     noise = Hierarchy.by_taxonomy(values, lambda v: str(int(v[1:]) % 4))  # groups across the clusters
     assert noise.coherence(vectors[[int(v[1:]) for v in noise.values]]) < 0.7
 

@@ -57,7 +57,7 @@ def _count_words(tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]) 
     word = tokens.astype(np.int64) >> 5
     new = np.ones(len(word), dtype=bool)
     new[1:] = word[1:] != word[:-1]
-    new[offsets[(offsets < len(word))]] = True  # a node starts a new word
+    new[offsets[offsets < len(word)]] = True  # a node starts a new word
     return int(np.count_nonzero(new))
 
 
@@ -603,10 +603,11 @@ class TrieAutomaton(_Core):
             row.fill(0)
             return
         lo, hi = self._edge_offsets_view[state], self._edge_offsets_view[state + 1]
-        dense = self._dense_index(np.array([state]), np.array([hi - lo]))[0]
-        if dense >= 0:
-            row[:] = self._dense_rows[dense * self._width : (dense + 1) * self._width]
-            return
+        if hi - lo >= dense_threshold(self._width):  # perhaps a row stored whole
+            dense = self._dense_index(np.array([state]), np.array([hi - lo]))[0]
+            if dense >= 0:
+                row[:] = self._dense_rows[dense * self._width : (dense + 1) * self._width]
+                return
         row.fill(0)
         allowed = self._edge_tokens[lo:hi]
         _set_bits(row, allowed >> 5, allowed)
