@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -117,3 +118,47 @@ def test_random_sets_on_the_qwen_vocabulary(values: list[str], seed: int) -> Non
         while not automaton.is_final(state):
             state = automaton.next_state(state, int(rng.choice(automaton.allowed_token_ids(state))))
         assert automaton.value_of(state) in set(values)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_large_random_set_matches_the_oracle_on_sampled_states(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A large set (20,000 values, wide nodes stored as whole rows, long shared prefixes)
+    against the first-principles oracle at 400 states reached by random walks: allowed
+    tokens, one-row fills and one batch fill of all of them, with the C kernel and without."""
+    from triemask import _kernels
+
+    if not native:
+        monkeypatch.setattr(_kernels, "KERNELS", None)
+    rng = random.Random(3)
+    letters = b"abcdefgh"
+    merges = sorted({bytes(rng.choice(letters) for _ in range(rng.randint(2, 4))) for _ in range(300)})
+    table: list[bytes | None] = [bytes([b]) for b in range(256)] + list(merges) + ["é".encode()] + [None]
+    vocab = Vocabulary(table, eos_token_ids=[len(table) - 1])
+    stems = [bytes(rng.choice(letters) for _ in range(rng.randint(0, 12))) for _ in range(400)]
+    values = sorted(
+        {rng.choice(stems) + bytes(rng.choice(letters) for _ in range(rng.randint(0, 6))) for _ in range(20_000)}
+        | {"é".encode() * 3, b"a" * 40}
+    )
+    automaton = Compiler(vocab).compile(values)
+    assert automaton.stats()["rows_stored_whole"] > 0  # the wide nodes' rows are exercised
+    oracle = Oracle(table, values, [len(table) - 1])
+    states, prefixes = [], []
+    for _ in range(400):
+        state, prefix = automaton.initial_state, b""
+        for _ in range(rng.randint(0, 8)):
+            allowed = [t for t in automaton.allowed_token_ids(state).tolist() if t != len(table) - 1]
+            if not allowed:
+                break
+            token = rng.choice(allowed)
+            state, prefix = automaton.next_state(state, token), prefix + (table[token] or b"")
+        states.append(state)
+        prefixes.append(prefix)
+    batch = np.zeros((len(states), (automaton.vocab_size + 31) // 32), dtype=np.int32)
+    automaton.fill_bitmask(batch, states)
+    row = np.zeros((1, batch.shape[1]), dtype=np.int32)
+    for i, (state, prefix) in enumerate(zip(states, prefixes, strict=True)):
+        expected = oracle.allowed(prefix)
+        assert set(automaton.allowed_token_ids(state).tolist()) == expected, prefix
+        automaton.fill_bitmask(row, [state])
+        got = set(np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist())
+        assert got == expected and np.array_equal(batch[i], row[0]), prefix

@@ -654,6 +654,7 @@ class TrieAutomaton(_Core):
             "states": self.num_states,
             "edges": int(self._edge_offsets[-1]),
             "mask_words": _count_words(self._edge_tokens, self._edge_offsets[: n + 1]),
+            "rows_stored_whole": len(self._dense_nodes),
             "memory_bytes": self.memory_bytes,
             "compile_seconds": self._compile_seconds,
             "eos": self._eos,
