@@ -68,7 +68,7 @@ def dense_threshold(width: int) -> int:
     return max(1, width // 2)
 
 
-def dense_rows(
+def _dense_rows(
     tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32], num_nodes: int, width: int
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
     """The nodes (ascending) whose rows are stored whole, and those rows, flat."""
@@ -179,8 +179,6 @@ class TrieAutomaton(_Core):
         edge_offsets: npt.NDArray[np.int32],
         edge_tokens: npt.NDArray[np.int32],
         edge_dests: npt.NDArray[np.int32],
-        dense_nodes: npt.NDArray[np.int32],
-        dense_rows: npt.NDArray[np.int32],
         terminal_nodes: _IntArray,
         terminal_values: _IntArray,
         value_flat: _IntArray,
@@ -199,8 +197,6 @@ class TrieAutomaton(_Core):
         self._edge_offsets = edge_offsets
         self._edge_tokens = edge_tokens
         self._edge_dests = edge_dests
-        self._dense_nodes = dense_nodes
-        self._dense_rows = dense_rows
         self._terminal_nodes = terminal_nodes
         self._terminal_values = terminal_values
         self._value_flat = value_flat
@@ -214,6 +210,8 @@ class TrieAutomaton(_Core):
         self._eos_token_ids = eos_token_ids
         self._eos = eos
         self._compile_seconds = compile_seconds
+        # the rows of the nodes allowing half a row's worth of tokens, derived (never pickled)
+        self._dense_nodes, self._dense_rows = _dense_rows(edge_tokens, edge_offsets, self._num_nodes, self._width)
         for array in self._arrays():
             array.flags.writeable = False
         # memoryviews give the per-step paths Python ints without numpy scalar overhead.
@@ -227,8 +225,8 @@ class TrieAutomaton(_Core):
                 edge_offsets,
                 edge_tokens,
                 edge_dests,
-                dense_nodes,
-                dense_rows,
+                self._dense_nodes,
+                self._dense_rows,
                 self._num_nodes,
                 self._num_nodes + self._num_values,
                 self._width,
@@ -239,7 +237,7 @@ class TrieAutomaton(_Core):
         state = {
             name.lstrip("_"): getattr(self, name) for name in TrieAutomaton.__slots__ if not name.endswith("_view")
         }
-        del state["num_nodes"], state["num_values"], state["width"]
+        del state["num_nodes"], state["num_values"], state["width"], state["dense_nodes"], state["dense_rows"]
         return (_restore, (state,))
 
     def _arrays(self) -> list[npt.NDArray[Any]]:
@@ -613,12 +611,9 @@ class TrieAutomaton(_Core):
         _set_bits(row, allowed >> 5, allowed)
 
     def _dense_index(self, nodes: npt.NDArray[Any], counts: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
-        """For each node, its row among the rows stored whole, or -1."""
-        where = np.searchsorted(self._dense_nodes, nodes)
-        found = where < len(self._dense_nodes)
-        found[found] = self._dense_nodes[where[found]] == nodes[found]
-        found &= counts >= dense_threshold(self._width)
-        return np.where(found, where, -1)
+        """For each node (with its number of edges), its row among the rows stored whole,
+        or -1: every node with at least dense_threshold edges has one."""
+        return np.where(counts >= dense_threshold(self._width), np.searchsorted(self._dense_nodes, nodes), -1)
 
     # ------------------------------------------------------------------ description
 

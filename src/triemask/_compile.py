@@ -28,8 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _kernels
-from ._automaton import DagAutomaton, TrieAutomaton, dense_rows
-from ._bitmask import bitmask_width
+from ._automaton import DagAutomaton, TrieAutomaton
 from ._errors import ArgumentTypeError, IncompatibleValueError, MemoryLimitError, ValueSetError, integer
 from ._regex import FORMATS, ByteDag, dag_of_pattern, dag_of_trie, mix64
 from ._token_index import TokenIndex
@@ -341,13 +340,10 @@ class Compiler:
         if pseudo is not None:
             pseudo_keys = _EdgeKeys(n, n, pseudo.vocab.vocab_size)
             pseudo_edges = pseudo_keys.csr(_match(trie, pseudo, pseudo_keys), n)
-        dense = dense_rows(tokens, offsets, n, bitmask_width(self._vocab.vocab_size))
         automaton = TrieAutomaton(
             edge_offsets=offsets,
             edge_tokens=tokens,
             edge_dests=dests,
-            dense_nodes=dense[0],
-            dense_rows=dense[1],
             terminal_nodes=trie.terminal[terminal_order],
             terminal_values=terminal_order,
             value_flat=trie.flat,
@@ -424,7 +420,6 @@ class Compiler:
         if pseudo is not None:
             pseudo_keys = _EdgeKeys(n, n, pseudo.vocab.vocab_size)
             pseudo_edges = pseudo_keys.csr(_match_dag(dag, pseudo, pseudo_keys), n)
-        dense = dense_rows(tokens, offsets, n, bitmask_width(self._vocab.vocab_size))
         automaton = DagAutomaton(
             dag=dag,
             pattern=pattern,
@@ -434,8 +429,6 @@ class Compiler:
             edge_offsets=offsets,
             edge_tokens=tokens,
             edge_dests=dests,
-            dense_nodes=dense[0],
-            dense_rows=dense[1],
             terminal_nodes=accepting,
             terminal_values=np.arange(len(accepting), dtype=np.int32),
             value_flat=np.zeros(0, dtype=np.uint8),
