@@ -111,7 +111,8 @@ class Compiler:
             The most memory the automaton may take (``memory_bytes``). Checked on the
             values, on the trie and during token matching, before the large
             allocations, so a set too large for the budget fails fast and small
-            (compilation itself needs about 2.5x the automaton at its peak).
+            (compilation itself needs about 2.5x the automaton at its peak). With
+            ``layout="dag"`` only the result is checked (the minimal DAG is small).
 
         Raises
         ------
