@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from triemask import TrieAutomaton, Vocabulary
+from triemask import LazyTrieAutomaton, TrieAutomaton, Vocabulary
 
 from .peers import Engine, Request
 
@@ -184,13 +184,14 @@ def compile_sweep(
     timeout: float,
     repeat_budget: float = 3.0,
     decode: bool = False,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     """Compile times for every K, in a fresh process, each compile under ``timeout`` seconds.
 
     A K whose first compile does not finish in time is recorded as ``"timeout"``, and so
     are the larger K (compile time grows with K for every engine measured here). With
     ``decode`` (triemask), the child also measures a step and a 128-row batch fill on
-    the compiled set.
+    the compiled set. ``layout`` (triemask): the ``compile(layout=...)`` to measure.
     """
     request = {
         "engine": engine,
@@ -199,6 +200,7 @@ def compile_sweep(
         "sizes": sizes,
         "budget": repeat_budget,
         "decode": decode,
+        **({"layout": layout} if layout else {}),
     }
     child = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.worker", json.dumps(request)],
@@ -269,6 +271,8 @@ def run_worker(request: dict[str, Any]) -> None:
     loaded = vocabs.load(request["vocab"])
     start = time.perf_counter()
     engine = ENGINES[request["engine"]](loaded.vocab)
+    if "layout" in request:
+        engine.layout = request["layout"]
     emit({"prepare_s": time.perf_counter() - start, "rss_after_prepare": rss_bytes()})
     for k in request["sizes"]:
         values = sets.load(request["set"], k)
@@ -305,16 +309,43 @@ def run_worker(request: dict[str, Any]) -> None:
 
 
 def _decode_figures(engine: Any, automaton: TrieAutomaton, vocab: Vocabulary, values: list[str]) -> dict[str, Any]:
-    """A step (through Matcher and through the stateless API) and a 128-row batch fill."""
+    """A step (through Matcher and through the stateless API) and a 128-row batch fill; for
+    the lazy layout, first the cold step (the cache emptied before each value) and, after
+    the warm figures, the cache's use."""
+    lazy = isinstance(automaton, LazyTrieAutomaton)
+    if lazy:
+        automaton.cache_clear()
+        start = time.perf_counter()
+        automaton.allowed_token_ids(automaton.initial_state)
+        root_s = time.perf_counter() - start
     paths = decoding_paths(automaton, vocab, values, 32, seed=0)
+    figures: dict[str, Any] = {}
+    if lazy:
+        request = engine.matcher_request(automaton)
+        bitmask = np.zeros((1, engine.width), dtype=np.int32)
+        total, steps = 0.0, 0
+        for path in paths:
+            automaton.cache_clear()
+            request.reset()
+            start = time.perf_counter()
+            for token in path:
+                request.fill(bitmask, 0)
+                request.advance(token)
+            total += time.perf_counter() - start
+            steps += len(path)
+        figures.update(per_step_cold_s=total / steps, root_cold_s=root_s)
+        decoding_paths(automaton, vocab, values, 32, seed=0)  # the paths' nodes cached again
     stats = automaton.stats()
-    return {
-        "nodes": stats["trie_nodes"],
-        "edges": stats["edges"],
-        "per_step_s": per_step_seconds(engine, automaton, paths, 9, engine.matcher_request(automaton)),
-        "per_step_stateless_s": per_step_seconds(engine, automaton, paths, 9),
-        "batch_fill_128_s": batch_step_seconds(engine, automaton, paths, 128, 20, 3)["fill_s"],
-    }
+    figures.update(
+        nodes=stats["trie_nodes"],
+        edges=stats.get("edges"),
+        per_step_s=per_step_seconds(engine, automaton, paths, 9, engine.matcher_request(automaton)),
+        per_step_stateless_s=per_step_seconds(engine, automaton, paths, 9),
+        batch_fill_128_s=batch_step_seconds(engine, automaton, paths, 128, 20, 3)["fill_s"],
+    )
+    if lazy:
+        figures.update(cache=automaton.cache_info(), memory_bytes_after=automaton.memory_bytes)
+    return figures
 
 
 def engine_compile_seconds(engine: Engine, values: list[str]) -> float:

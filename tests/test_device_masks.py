@@ -73,6 +73,8 @@ def test_bad_inputs_are_explained() -> None:
         on_device.next_states(torch.tensor([0]), torch.tensor([1, 2]))
     with pytest.raises(ArgumentTypeError, match="needs a TrieAutomaton"):
         DeviceAutomaton("ab")  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match="a lazy automaton stores none: compile the set with layout='trie'"):
+        DeviceAutomaton(Compiler(byte_vocabulary()).compile(["ab"], layout="lazy"))
     with pytest.raises(ArgumentTypeError, match="not a torch device"):
         DeviceAutomaton(on_device.automaton, "no-such-device")
 

@@ -120,11 +120,15 @@ def test_random_sets_on_the_qwen_vocabulary(values: list[str], seed: int) -> Non
         assert automaton.value_of(state) in set(values)
 
 
+@pytest.mark.parametrize("layout", ["trie", "lazy"])
 @pytest.mark.parametrize("native", [True, False])
-def test_large_random_set_matches_the_oracle_on_sampled_states(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_large_random_set_matches_the_oracle_on_sampled_states(
+    native: bool, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A large set (20,000 values, wide nodes stored as whole rows, long shared prefixes)
     against the first-principles oracle at 400 states reached by random walks: allowed
-    tokens, one-row fills and one batch fill of all of them, with the C kernel and without."""
+    tokens, one-row fills and one batch fill of all of them, with the C kernel and without,
+    in the eager layout and in the lazy one (with a cache small enough to evict)."""
     from triemask import _kernels
 
     if not native:
@@ -139,8 +143,11 @@ def test_large_random_set_matches_the_oracle_on_sampled_states(native: bool, mon
         {rng.choice(stems) + bytes(rng.choice(letters) for _ in range(rng.randint(0, 6))) for _ in range(20_000)}
         | {"é".encode() * 3, b"a" * 40}
     )
-    automaton = Compiler(vocab).compile(values)
-    assert automaton.stats()["rows_stored_whole"] > 0  # the wide nodes' rows are exercised
+    if layout == "lazy":
+        automaton = Compiler(vocab).compile(values, layout="lazy", cache_bytes=50_000)
+    else:
+        automaton = Compiler(vocab).compile(values)
+        assert automaton.stats()["rows_stored_whole"] > 0  # the wide nodes' rows are exercised
     oracle = Oracle(table, values, [len(table) - 1])
     states, prefixes = [], []
     for _ in range(400):
@@ -162,3 +169,5 @@ def test_large_random_set_matches_the_oracle_on_sampled_states(native: bool, mon
         automaton.fill_bitmask(row, [state])
         got = set(np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little")).tolist())
         assert got == expected and np.array_equal(batch[i], row[0]), prefix
+    if layout == "lazy":
+        assert automaton.cache_info()["evictions"] > 0  # type: ignore[attr-defined]

@@ -34,6 +34,7 @@ from ._errors import (
     ValueSetError,
     VocabularyError,
 )
+from ._lazy import DEFAULT_CACHE_BYTES, LazyTrieAutomaton
 from ._matcher import Matcher
 from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
 from ._regex import FORMATS
@@ -54,6 +55,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "DEAD",
+    "DEFAULT_CACHE_BYTES",
     "DEFAULT_MIN_ENUM_VALUES",
     "FORMATS",
     "ArgumentTypeError",
@@ -63,6 +65,7 @@ __all__ = [
     "Compiler",
     "DagAutomaton",
     "IncompatibleValueError",
+    "LazyTrieAutomaton",
     "Matcher",
     "MemoryLimitError",
     "PatternError",

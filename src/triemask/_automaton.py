@@ -13,7 +13,7 @@ from . import _kernels
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
 from ._errors import ArgumentTypeError, StateError, ValueIndexError, ValueSetError, integer
 
-__all__ = ["DEAD", "DagAutomaton", "TrieAutomaton", "native_kernel"]
+__all__ = ["DEAD", "DagAutomaton", "TrieAutomaton", "dense_threshold", "native_kernel", "set_bits", "state_index"]
 
 DEAD = -1
 """The state a rejected token leads to. Nothing is allowed in it."""
@@ -21,7 +21,7 @@ DEAD = -1
 _IntArray = npt.NDArray[np.integer[Any]]
 
 
-def _state_index(state: Any, what: str = "states") -> int:
+def state_index(state: Any, what: str = "states") -> int:
     """``state`` as an int; floats, bools and other non-integers are rejected, not truncated."""
     return state if type(state) is int else integer(state, what)
 
@@ -42,7 +42,7 @@ def _int64(values: Any) -> Any:
     return values
 
 
-def _set_bits(target: npt.NDArray[np.int32], positions: npt.NDArray[Any], tokens: npt.NDArray[np.int32]) -> None:
+def set_bits(target: npt.NDArray[np.int32], positions: npt.NDArray[Any], tokens: npt.NDArray[np.int32]) -> None:
     """Set bit ``token % 32`` of ``target[position]`` for each pair: the bitmask of tokens
     sorted within each row (equal positions adjacent), one OR per word, then one scatter."""
     if not len(tokens):
@@ -77,7 +77,7 @@ def _dense_rows(
     rows = np.zeros((len(nodes), width), dtype=np.int32)
     for row, node in zip(rows, nodes.tolist(), strict=True):
         allowed = tokens[offsets[node] : offsets[node + 1]]
-        _set_bits(row, allowed >> 5, allowed)
+        set_bits(row, allowed >> 5, allowed)
     return nodes, rows.reshape(-1)
 
 
@@ -312,7 +312,7 @@ class TrieAutomaton(_Core):
     def _node(self, state: int) -> int:
         """The trie node of ``state``, or ``num_nodes`` (an empty sentinel) for final and DEAD."""
         if type(state) is not int:
-            state = _state_index(state)
+            state = state_index(state)
         if 0 <= state < self._num_nodes:
             return state
         if state == DEAD or self._num_nodes <= state < self._num_nodes + self._num_values:
@@ -352,12 +352,12 @@ class TrieAutomaton(_Core):
             if pairs is not None:
                 return np.frombuffer(pairs[0], dtype=np.int64), np.frombuffer(pairs[1], dtype=np.int32)
         nodes = self._nodes(states)
-        first, last = self._edge_offsets[nodes], self._edge_offsets[nodes + 1]
+        first, last, edge_tokens, _ = self._csr(nodes)
         counts = last - first
         ends = np.cumsum(counts)
         total = int(ends[-1]) if len(nodes) else 0
         index = np.arange(total) + np.repeat(last - ends, counts)
-        return np.repeat(np.arange(len(nodes), dtype=np.int64), counts), self._edge_tokens[index]
+        return np.repeat(np.arange(len(nodes), dtype=np.int64), counts), edge_tokens[index]
 
     def _next_state_reference(self, state: int, token_id: int) -> int:
         # next_state (the C one defers here for anything but exact ints it can look up)
@@ -367,7 +367,7 @@ class TrieAutomaton(_Core):
             if following is not None:  # None: an argument for the checks below
                 return following
         if type(state) is not int or type(token_id) is not int:  # one test on the per-step path
-            state, token_id = _state_index(state), _state_index(token_id, "token ids")
+            state, token_id = state_index(state), state_index(token_id, "token ids")
         if not 0 <= state < self._num_nodes:
             self._node(state)  # raises for ids that are no state; final and DEAD allow nothing
             return DEAD
@@ -394,7 +394,7 @@ class TrieAutomaton(_Core):
             values = states.tolist() if isinstance(states, np.ndarray) else states
             tokens_list = token_ids.tolist() if isinstance(token_ids, np.ndarray) else token_ids
             following = [
-                self.next_state(_state_index(state), _state_index(token))
+                self.next_state(state_index(state), state_index(token))
                 for state, token in zip(values, tokens_list, strict=True)
             ]
             return np.array(following, dtype=np.int32)
@@ -402,15 +402,15 @@ class TrieAutomaton(_Core):
         tokens = np.asarray(token_ids)
         if tokens.shape != nodes.shape:
             raise StateError(f"states has shape {nodes.shape} but token_ids has shape {tokens.shape}")
-        lo = self._edge_offsets[nodes]
-        counts = self._edge_offsets[nodes + 1] - lo
+        lo, hi, edge_tokens, edge_dests = self._csr(nodes)
+        counts = hi - lo
         result = np.full(len(nodes), DEAD, dtype=np.int32)
         total = int(counts.sum())
         if total:
             row = np.repeat(np.arange(len(nodes)), counts)
             edge = np.arange(total) + np.repeat(lo - (np.cumsum(counts) - counts), counts)
-            match = np.flatnonzero(self._edge_tokens[edge] == tokens[row])
-            result[row[match]] = self._edge_dests[edge[match]]
+            match = np.flatnonzero(edge_tokens[edge] == tokens[row])
+            result[row[match]] = edge_dests[edge[match]]
         return result
 
     def is_accepting(self, state: int) -> bool:
@@ -430,7 +430,7 @@ class TrieAutomaton(_Core):
     def value(self, index: int) -> str | bytes:
         """The ``index``-th distinct value, values in sorted (UTF-8 byte) order."""
         if type(index) is not int:
-            index = _state_index(index, "value indices")
+            index = state_index(index, "value indices")
         if not 0 <= index < self._num_values:
             raise ValueIndexError(f"value index {index} is outside [0, {self._num_values})")
         raw = self._value_flat[self._value_starts[index] : self._value_starts[index + 1]].tobytes()
@@ -448,6 +448,11 @@ class TrieAutomaton(_Core):
         if i < len(self._terminal_nodes) and self._terminal_nodes[i] == node:
             return int(self._terminal_values[i])
         return None
+
+    def _csr(self, nodes: npt.NDArray[np.int64]) -> tuple[_IntArray, _IntArray, _IntArray, _IntArray]:
+        """The edges of a batch of nodes (the sentinel ``num_nodes`` has none) as
+        ``(first, last, tokens, dests)``: node ``nodes[i]``'s are ``tokens[first[i]:last[i]]``."""
+        return self._edge_offsets[nodes], self._edge_offsets[nodes + 1], self._edge_tokens, self._edge_dests
 
     def _nodes(self, states: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """Validated trie nodes of a batch of states (final and DEAD -> empty sentinel)."""
@@ -498,7 +503,7 @@ class TrieAutomaton(_Core):
             if flags.c_contiguous and flags.writeable:  # _fill_row, inlined: this path is per token
                 state = states[0]
                 if type(state) is not int:
-                    state = _state_index(state)
+                    state = state_index(state)
                 self._fill_row(bitmask[0], state)
                 return
         array = as_bitmask_array(bitmask, self._vocab_size)
@@ -528,7 +533,7 @@ class TrieAutomaton(_Core):
                 raise StateError("rows must be distinct (each row receives one state's mask)")
             array[row_ids] = 0
             row_base = row_ids.astype(np.int64) * self._width
-        first, last = self._edge_offsets[nodes], self._edge_offsets[nodes + 1]
+        first, last, edge_tokens, _ = self._csr(nodes)
         counts = last - first
         dense = self._dense_index(nodes, counts)
         if (dense >= 0).any():  # rows stored whole: copied, and left out of the token scatter
@@ -539,17 +544,15 @@ class TrieAutomaton(_Core):
         ends = np.cumsum(counts)
         total = int(ends[-1]) if batch else 0
         if total:
-            tokens = self._edge_tokens[np.arange(total) + np.repeat(last - ends, counts)]
-            _set_bits(array.reshape(-1), np.repeat(row_base, counts) + (tokens >> 5), tokens)
+            tokens = edge_tokens[np.arange(total) + np.repeat(last - ends, counts)]
+            set_bits(array.reshape(-1), np.repeat(row_base, counts) + (tokens >> 5), tokens)
 
     def _fill_rows(self, array: npt.NDArray[np.int32], states: Any, rows: Any) -> None:
         """fill_bitmask for a few rows: one zeroing call, then one scatter per row."""
         count = len(states)
         if count > array.shape[0]:
             raise StateError(f"{count} states but the bitmask has only {array.shape[0]} rows")
-        values = [
-            _state_index(state) for state in (states.tolist() if isinstance(states, np.ndarray) else list(states))
-        ]
+        values = [state_index(state) for state in (states.tolist() if isinstance(states, np.ndarray) else list(states))]
         for state in values:  # validate before writing, as the vectorised path does
             if not 0 <= state < self._num_nodes:
                 self._node(state)  # raises for ids that are no state
@@ -566,7 +569,7 @@ class TrieAutomaton(_Core):
     def _few_rows(rows: Any, count: int, height: int) -> list[int]:
         """``rows`` as a list of ``count`` distinct row indices in ``[0, height)``."""
         try:
-            targets = [_state_index(row, "rows") for row in rows]
+            targets = [state_index(row, "rows") for row in rows]
         except TypeError:
             raise StateError(f"rows must be {count} integers (one per state), got {rows!r}") from None
         if len(targets) != count:
@@ -592,7 +595,7 @@ class TrieAutomaton(_Core):
         row = integer(row, "row", StateError, "an integer")
         if not 0 <= row < array.shape[0]:
             raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
-        self._fill_row(array[row], _state_index(state))
+        self._fill_row(array[row], state_index(state))
 
     def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
         """Overwrite one bitmask row (a 1-D int32 view) with ``state``'s mask."""
@@ -608,7 +611,7 @@ class TrieAutomaton(_Core):
                 return
         row.fill(0)
         allowed = self._edge_tokens[lo:hi]
-        _set_bits(row, allowed >> 5, allowed)
+        set_bits(row, allowed >> 5, allowed)
 
     def _dense_index(self, nodes: npt.NDArray[Any], counts: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
         """For each node (with its number of edges), its row among the rows stored whole,
@@ -794,7 +797,7 @@ class DagAutomaton(TrieAutomaton):
         """The ``index``-th string of the language in byte order (computed by walking
         the automaton with its path counts, not by enumerating)."""
         if type(index) is not int:
-            index = _state_index(index, "value indices")
+            index = state_index(index, "value indices")
         counts = self._path_counts()
         if not 0 <= index < counts[0]:
             raise ValueIndexError(f"value index {index} is outside [0, {counts[0]})")

@@ -28,6 +28,48 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The lazy layout (TrieAutomaton compiled with layout="lazy"): no edges are stored. A node's
+ * edges are found on first use by walking its subtrie together with the vocabulary's forward
+ * token trie (a token is allowed exactly when its bytes spell a path down from the node), and
+ * kept in a byte-bounded LRU cache; the whole row too for nodes allowing half a row's worth of
+ * tokens. The value trie is stored as one uint16 word per node (child count, terminal flag,
+ * dead-end flag) and its byte, with first-child ids and terminal ranks sampled every 64 nodes.
+ * The cache is only touched with the GIL held, which makes it thread-safe. */
+#define LAZY_COUNT 0x1FFu     /* bits 0-8: number of children (0..256) */
+#define LAZY_DEAD 0x4000u     /* no token sequence completes a value from here: no edge leads in */
+#define LAZY_TERMINAL 0x8000u /* a value ends here */
+#define NO_MEMORY INT32_MIN   /* next_of's answer when a lazy node's edges could not be built */
+
+typedef struct Entry {
+    struct Entry *newer, *older; /* the LRU list */
+    struct Entry *chain;         /* the hash bucket's list */
+    size_t bytes;
+    uint32_t *row; /* the whole row, for wide nodes, else NULL */
+    int32_t node, count;
+    int32_t data[]; /* tokens[count] ascending, then dests[count], then the row */
+} Entry;
+
+typedef struct {
+    Py_buffer views[9];
+    int held;
+    const uint8_t *node_byte;
+    const uint16_t *node_word;
+    const int32_t *child_blocks, *terminal_blocks, *terminal_values;
+    const int32_t *tok_children, *tok_offsets, *tok_ids; /* the forward token trie */
+    const uint8_t *tok_byte;
+    int32_t *eos;
+    Py_ssize_t n_eos;
+    Entry **buckets;
+    int bucket_bits;
+    size_t entries, bytes, limit;
+    Entry *newest, *oldest, *transient; /* transient: a row larger than the bound, kept for one call */
+    unsigned long long hits, misses, evictions;
+    uint64_t *keys; /* scratch of a miss */
+    size_t keys_cap;
+    int32_t *stack;
+    size_t stack_cap;
+} Lazy;
+
 typedef struct {
     PyObject_HEAD
     Py_buffer edge_offsets; /* int32, num_nodes + 2 */
@@ -40,6 +82,7 @@ typedef struct {
     int64_t num_states;
     Py_ssize_t width;
     int64_t dense_min;      /* only a node with at least this many edges can be dense */
+    Lazy *lazy;             /* the lazy layout (the buffers above unused), or NULL */
 } Kernel;
 
 static PyTypeObject KernelType;
@@ -56,12 +99,32 @@ static int get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const 
     return 0;
 }
 
+static void lazy_free(Lazy *z) {
+    if (z == NULL) {
+        return;
+    }
+    for (Entry *e = z->newest; e != NULL;) {
+        Entry *older = e->older;
+        free(e);
+        e = older;
+    }
+    free(z->transient);
+    free(z->buckets);
+    free(z->keys);
+    free(z->stack);
+    for (int i = 0; i < z->held; i++) {
+        PyBuffer_Release(&z->views[i]);
+    }
+    PyMem_Free(z);
+}
+
 static void Kernel_dealloc(Kernel *self) {
     Py_buffer *views[5] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests, &self->dense_nodes,
                            &self->dense_rows};
     for (int i = 0; i < self->held; i++) {
         PyBuffer_Release(views[i]);
     }
+    lazy_free(self->lazy);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -69,7 +132,7 @@ static int Kernel_init(Kernel *self, PyObject *args, PyObject *kwds) {
     PyObject *objs[5];
     long long num_nodes, num_states, dense_min;
     Py_ssize_t width;
-    if (self->held) {
+    if (self->held || self->lazy) {
         PyErr_SetString(PyExc_RuntimeError, "Kernel is already initialised");
         return -1;
     }
@@ -137,33 +200,340 @@ static int exact_int(PyObject *obj, int64_t *out) {
     return 1;
 }
 
+/* Sort a node's edge keys ascending (keys are distinct): insertion sort for the few edges
+ * most nodes have, quicksort with median-of-three pivots above, no comparator calls. */
+static void sort_keys(uint64_t *a, int64_t n) {
+    while (n > 24) {
+        uint64_t x = a[0], y = a[n / 2], z = a[n - 1];
+        uint64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t i = 0, j = n - 1;
+        for (;;) {
+            while (a[i] < pivot) {
+                i++;
+            }
+            while (a[j] > pivot) {
+                j--;
+            }
+            if (i >= j) {
+                break;
+            }
+            uint64_t swap = a[i];
+            a[i++] = a[j], a[j--] = swap;
+        }
+        /* recurse into the smaller part, loop on the larger: the stack stays logarithmic */
+        if (j + 1 < n - j - 1) {
+            sort_keys(a, j + 1);
+            a += j + 1, n -= j + 1;
+        } else {
+            sort_keys(a + j + 1, n - j - 1);
+            n = j + 1;
+        }
+    }
+    for (int64_t i = 1; i < n; i++) {
+        uint64_t key = a[i];
+        int64_t j = i - 1;
+        while (j >= 0 && a[j] > key) {
+            a[j + 1] = a[j];
+            j--;
+        }
+        a[j + 1] = key;
+    }
+}
+
+/* ------------------------------------------------------------------ lazy layout: the cache */
+
+static inline int32_t lazy_first_child(const Lazy *z, int32_t v) {
+    int32_t f = z->child_blocks[v >> 6];
+    for (int32_t a = v & ~63; a < v; a++) {
+        f += z->node_word[a] & LAZY_COUNT;
+    }
+    return f;
+}
+
+/* The sorted index of the value ending at terminal node v: its rank among terminal nodes. */
+static inline int32_t lazy_value_index(const Lazy *z, int32_t v) {
+    int32_t rank = z->terminal_blocks[v >> 6];
+    for (int32_t a = v & ~63; a < v; a++) {
+        rank += (z->node_word[a] & LAZY_TERMINAL) != 0;
+    }
+    return z->terminal_values[rank];
+}
+
+static inline size_t bucket_of(const Lazy *z, int32_t node) {
+    return (size_t)(((uint64_t)(uint32_t)node * 0x9E3779B97F4A7C15ULL) >> (64 - z->bucket_bits));
+}
+
+static void lazy_unlink(Lazy *z, Entry *e) {
+    if (e->newer) {
+        e->newer->older = e->older;
+    } else {
+        z->newest = e->older;
+    }
+    if (e->older) {
+        e->older->newer = e->newer;
+    } else {
+        z->oldest = e->newer;
+    }
+}
+
+static void lazy_push_front(Lazy *z, Entry *e) {
+    e->newer = NULL;
+    e->older = z->newest;
+    if (z->newest) {
+        z->newest->newer = e;
+    } else {
+        z->oldest = e;
+    }
+    z->newest = e;
+}
+
+static void lazy_evict_oldest(Lazy *z) {
+    Entry *e = z->oldest;
+    lazy_unlink(z, e);
+    Entry **link = &z->buckets[bucket_of(z, e->node)];
+    while (*link != e) {
+        link = &(*link)->chain;
+    }
+    *link = e->chain;
+    z->entries--;
+    z->bytes -= e->bytes;
+    z->evictions++;
+    free(e);
+}
+
+/* Keep `e` if it fits the bound (evicting the least recently used), else hold it for this
+ * call only (freed at the next miss). Doubles the buckets when they run full and fit. */
+static void lazy_insert(Lazy *z, Entry *e) {
+    size_t bucket_bytes = ((size_t)1 << z->bucket_bits) * sizeof(Entry *);
+    if (e->bytes + bucket_bytes > z->limit) {
+        z->transient = e;
+        return;
+    }
+    while (z->oldest != NULL && z->bytes + e->bytes > z->limit) {
+        lazy_evict_oldest(z);
+    }
+    if (z->entries >= ((size_t)1 << z->bucket_bits) && z->bytes + e->bytes + bucket_bytes <= z->limit) {
+        Entry **grown = (Entry **)calloc((size_t)2 << z->bucket_bits, sizeof(Entry *));
+        if (grown != NULL) { /* else: longer chains, still correct */
+            Entry **old = z->buckets;
+            size_t old_size = (size_t)1 << z->bucket_bits;
+            z->buckets = grown;
+            z->bucket_bits++;
+            z->bytes += bucket_bytes;
+            for (size_t b = 0; b < old_size; b++) {
+                for (Entry *c = old[b]; c != NULL;) {
+                    Entry *next = c->chain;
+                    size_t slot = bucket_of(z, c->node);
+                    c->chain = z->buckets[slot];
+                    z->buckets[slot] = c;
+                    c = next;
+                }
+            }
+            free(old);
+            while (z->oldest != NULL && z->bytes + e->bytes > z->limit) {
+                lazy_evict_oldest(z);
+            }
+        }
+    }
+    size_t slot = bucket_of(z, e->node);
+    e->chain = z->buckets[slot];
+    z->buckets[slot] = e;
+    lazy_push_front(z, e);
+    z->entries++;
+    z->bytes += e->bytes;
+}
+
+static int grow(void **buffer, size_t *capacity, size_t needed, size_t item) {
+    if (needed <= *capacity) {
+        return 0;
+    }
+    size_t size = *capacity ? 2 * *capacity : 256;
+    while (size < needed) {
+        size *= 2;
+    }
+    void *grown = realloc(*buffer, size * item);
+    if (grown == NULL) {
+        return -1;
+    }
+    *buffer = grown;
+    *capacity = size;
+    return 0;
+}
+
+/* A node's edges from scratch: depth-first over (value-trie node v, token-trie node u) pairs
+ * spelling the same bytes below `node`; each token ending at u is an edge node -> v. */
+static Entry *lazy_compute(const Kernel *self, int32_t node) {
+    Lazy *z = self->lazy;
+    size_t nk = 0, sp = 1;
+    if (grow((void **)&z->stack, &z->stack_cap, 2, sizeof(int32_t)) < 0) {
+        return NULL;
+    }
+    z->stack[0] = node;
+    z->stack[1] = 0;
+    while (sp > 0) {
+        sp--;
+        int32_t v = z->stack[2 * sp], u = z->stack[2 * sp + 1];
+        uint16_t word = z->node_word[v];
+        if (u != 0 && !(word & LAZY_DEAD)) {
+            int32_t lo = z->tok_offsets[u], hi = z->tok_offsets[u + 1];
+            if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)(hi - lo), sizeof(uint64_t)) < 0) {
+                return NULL;
+            }
+            for (int32_t i = lo; i < hi; i++) {
+                z->keys[nk++] = (uint64_t)(uint32_t)z->tok_ids[i] << 32 | (uint32_t)v;
+            }
+        }
+        int32_t count = word & LAZY_COUNT;
+        if (count == 0) {
+            continue;
+        }
+        int32_t first = lazy_first_child(z, v);
+        int32_t j = z->tok_children[u], end = z->tok_children[u + 1];
+        if (grow((void **)&z->stack, &z->stack_cap, 2 * (sp + (size_t)count), sizeof(int32_t)) < 0) {
+            return NULL;
+        }
+        for (int32_t i = 0; i < count && j < end;) { /* both child lists are in byte order */
+            uint8_t bv = z->node_byte[first + i], bu = z->tok_byte[j];
+            if (bv < bu) {
+                i++;
+            } else if (bv > bu) {
+                j++;
+            } else {
+                z->stack[2 * sp] = first + i++;
+                z->stack[2 * sp + 1] = j++;
+                sp++;
+            }
+        }
+    }
+    if ((z->node_word[node] & LAZY_TERMINAL) && z->n_eos > 0) {
+        if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)z->n_eos, sizeof(uint64_t)) < 0) {
+            return NULL;
+        }
+        uint32_t final = (uint32_t)(self->num_nodes + lazy_value_index(z, node));
+        for (Py_ssize_t i = 0; i < z->n_eos; i++) {
+            z->keys[nk++] = (uint64_t)(uint32_t)z->eos[i] << 32 | final;
+        }
+    }
+    sort_keys(z->keys, (int64_t)nk);
+    int whole = (int64_t)nk >= self->dense_min;
+    size_t bytes = sizeof(Entry) + nk * 2 * sizeof(int32_t) + (whole ? (size_t)self->width * 4 : 0);
+    Entry *e = (Entry *)malloc(bytes);
+    if (e == NULL) {
+        return NULL;
+    }
+    e->bytes = bytes;
+    e->node = node;
+    e->count = (int32_t)nk;
+    e->row = whole ? (uint32_t *)(e->data + 2 * nk) : NULL;
+    for (size_t i = 0; i < nk; i++) {
+        e->data[i] = (int32_t)(z->keys[i] >> 32);
+        e->data[nk + i] = (int32_t)(z->keys[i] & 0xFFFFFFFFu);
+    }
+    if (whole) {
+        memset(e->row, 0, (size_t)self->width * 4);
+        for (size_t i = 0; i < nk; i++) {
+            e->row[(uint32_t)e->data[i] >> 5] |= 1u << ((uint32_t)e->data[i] & 31);
+        }
+    }
+    if (z->keys_cap > (1u << 16)) { /* the scratch of an unusually wide node: not kept */
+        free(z->keys);
+        z->keys = NULL;
+        z->keys_cap = 0;
+    }
+    if (z->stack_cap > (1u << 16)) {
+        free(z->stack);
+        z->stack = NULL;
+        z->stack_cap = 0;
+    }
+    return e;
+}
+
+/* ------------------------------------------------------------------ a node's edges */
+
+typedef struct {
+    const int32_t *tokens, *dests;
+    int32_t count;
+    const uint32_t *row; /* the whole row when the lazy cache holds it, else NULL */
+} Edges;
+
+/* The edges of trie node `node` (0 <= node < num_nodes): 0, or -1 when the lazy layout ran
+ * out of memory building them. They stay valid until the next call. */
+static inline int node_edges(const Kernel *self, int64_t node, Edges *out) {
+    Lazy *z = self->lazy;
+    if (z == NULL) {
+        const int32_t *offsets = (const int32_t *)self->edge_offsets.buf;
+        int32_t lo = offsets[node];
+        out->tokens = (const int32_t *)self->edge_tokens.buf + lo;
+        out->dests = (const int32_t *)self->edge_dests.buf + lo;
+        out->count = offsets[node + 1] - lo;
+        out->row = NULL;
+        return 0;
+    }
+    Entry *e = z->buckets[bucket_of(z, (int32_t)node)];
+    while (e != NULL && e->node != node) {
+        e = e->chain;
+    }
+    if (e != NULL) {
+        z->hits++;
+        if (z->newest != e) {
+            lazy_unlink(z, e);
+            lazy_push_front(z, e);
+        }
+    } else {
+        z->misses++;
+        free(z->transient);
+        z->transient = NULL;
+        e = lazy_compute(self, (int32_t)node);
+        if (e == NULL) {
+            return -1;
+        }
+        lazy_insert(z, e);
+    }
+    out->tokens = e->data;
+    out->dests = e->data + e->count;
+    out->count = e->count;
+    out->row = e->row;
+    return 0;
+}
+
 static inline int32_t next_of(const Kernel *self, int64_t state, int64_t token) {
     if (state < 0 || state >= self->num_nodes) {
         return -1; /* final and DEAD states allow nothing */
     }
-    const int32_t *offsets = (const int32_t *)self->edge_offsets.buf;
-    const int32_t *tokens = (const int32_t *)self->edge_tokens.buf;
-    int32_t lo = offsets[state], hi = offsets[state + 1];
+    Edges e;
+    if (node_edges(self, state, &e) < 0) {
+        return NO_MEMORY;
+    }
+    int32_t lo = 0, hi = e.count;
     while (lo < hi) {
         int32_t mid = lo + (hi - lo) / 2;
-        if (tokens[mid] < token) {
+        if (e.tokens[mid] < token) {
             lo = mid + 1;
         } else {
             hi = mid;
         }
     }
-    if (lo < offsets[state + 1] && tokens[lo] == token) {
-        return ((const int32_t *)self->edge_dests.buf)[lo];
-    }
-    return -1;
+    return lo < e.count && e.tokens[lo] == token ? e.dests[lo] : -1;
 }
 
 /* A row from the node's tokens (the automaton stores no bitmask words: setting one bit per
    allowed token costs what copying the words did, and saves their memory), or, for the few
-   nodes allowing half a row's worth of tokens or more, a copy of the row stored whole. */
-static inline void fill_one(const Kernel *self, int32_t *row, int64_t node) {
-    const int32_t *offsets = (const int32_t *)self->edge_offsets.buf;
-    if (node >= 0 && node < self->num_nodes && offsets[node + 1] - offsets[node] >= self->dense_min) {
+   nodes allowing half a row's worth of tokens or more, a copy of the row stored whole.
+   0, or -1 when the lazy layout ran out of memory. */
+static inline int fill_one(const Kernel *self, int32_t *row, int64_t node) {
+    Edges e;
+    if (node < 0 || node >= self->num_nodes) {
+        memset(row, 0, (size_t)self->width * sizeof(int32_t));
+        return 0;
+    }
+    if (node_edges(self, node, &e) < 0) {
+        return -1;
+    }
+    if (e.row != NULL) {
+        memcpy(row, e.row, (size_t)self->width * 4);
+        return 0;
+    }
+    if (self->lazy == NULL && e.count >= self->dense_min) {
         /* a node allowing a large part of the vocabulary: its row is stored whole */
         const int32_t *dense = (const int32_t *)self->dense_nodes.buf;
         Py_ssize_t lo = 0, hi = self->dense_nodes.shape[0];
@@ -177,18 +547,15 @@ static inline void fill_one(const Kernel *self, int32_t *row, int64_t node) {
         }
         if (lo < self->dense_nodes.shape[0] && dense[lo] == node) {
             memcpy(row, (const int32_t *)self->dense_rows.buf + lo * self->width, (size_t)self->width * 4);
-            return;
+            return 0;
         }
     }
     memset(row, 0, (size_t)self->width * sizeof(int32_t));
-    if (node < 0 || node >= self->num_nodes) {
-        return;
-    }
-    const int32_t *tokens = (const int32_t *)self->edge_tokens.buf;
     uint32_t *words = (uint32_t *)row;
-    for (int32_t i = offsets[node]; i < offsets[node + 1]; i++) {
-        words[(uint32_t)tokens[i] >> 5] |= 1u << ((uint32_t)tokens[i] & 31);
+    for (int32_t i = 0; i < e.count; i++) {
+        words[(uint32_t)e.tokens[i] >> 5] |= 1u << ((uint32_t)e.tokens[i] & 31);
     }
+    return 0;
 }
 
 static int valid_state(const Kernel *self, int64_t state) {
@@ -200,7 +567,8 @@ static PyObject *Kernel_next(Kernel *self, PyObject *const *args, Py_ssize_t nar
     if (nargs != 2 || !exact_int(args[0], &state) || !exact_int(args[1], &token) || !valid_state(self, state)) {
         Py_RETURN_NONE;
     }
-    return PyLong_FromLong(next_of(self, state, token));
+    int32_t following = next_of(self, state, token);
+    return following == NO_MEMORY ? PyErr_NoMemory() : PyLong_FromLong(following);
 }
 
 /* The per-step fill spends most of its time in NumPy's buffer export (about 0.3 us, as
@@ -287,7 +655,7 @@ static int get_bitmask(const Kernel *self, PyObject *obj, Py_buffer *view) {
 }
 
 /* Fill row `row` of `target` with the mask of `state` (a valid state): 1 when done, 0 to
- * defer (a buffer the kernel does not take, a row outside it). */
+ * defer (a buffer the kernel does not take, a row outside it), -1 with MemoryError set. */
 static int fill_into(const Kernel *self, PyObject *target, int64_t row, int64_t state) {
     if (Py_TYPE(target) == ndarray_type) {
         const ArrayHeader *h = (const ArrayHeader *)target;
@@ -296,8 +664,7 @@ static int fill_into(const Kernel *self, PyObject *target, int64_t row, int64_t 
             if (row < 0 || row >= h->dimensions[0]) {
                 return 0;
             }
-            fill_one(self, (int32_t *)h->data + row * self->width, state);
-            return 1;
+            return fill_one(self, (int32_t *)h->data + row * self->width, state) < 0 ? (PyErr_NoMemory(), -1) : 1;
         }
     }
     Py_buffer view;
@@ -305,8 +672,9 @@ static int fill_into(const Kernel *self, PyObject *target, int64_t row, int64_t 
         return 0;
     }
     int done = row >= 0 && row < view.shape[0];
-    if (done) {
-        fill_one(self, (int32_t *)view.buf + row * self->width, state);
+    if (done && fill_one(self, (int32_t *)view.buf + row * self->width, state) < 0) {
+        PyErr_NoMemory();
+        done = -1;
     }
     PyBuffer_Release(&view);
     return done;
@@ -314,8 +682,14 @@ static int fill_into(const Kernel *self, PyObject *target, int64_t row, int64_t 
 
 static PyObject *Kernel_fill(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t row, state;
-    if (nargs != 3 || !exact_int(args[1], &row) || !exact_int(args[2], &state) || !valid_state(self, state) ||
-        !fill_into(self, args[0], row, state)) {
+    if (nargs != 3 || !exact_int(args[1], &row) || !exact_int(args[2], &state) || !valid_state(self, state)) {
+        Py_RETURN_NONE;
+    }
+    int done = fill_into(self, args[0], row, state);
+    if (done < 0) {
+        return NULL;
+    }
+    if (!done) {
         Py_RETURN_NONE;
     }
     Py_RETURN_TRUE;
@@ -421,18 +795,24 @@ static PyObject *Kernel_fill_batch(Kernel *self, PyObject *const *args, Py_ssize
         }
         PyMem_Free(seen);
     }
+    int failed = 0;
     if (ok) {
         int32_t *base = (int32_t *)mask.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < batch; i++) {
-            fill_one(self, base + (have_rows ? r[i] : i) * self->width, s[i]);
+        PyThreadState *saved = self->lazy ? NULL : PyEval_SaveThread(); /* the lazy cache needs the GIL */
+        for (Py_ssize_t i = 0; i < batch && !failed; i++) {
+            failed = fill_one(self, base + (have_rows ? r[i] : i) * self->width, s[i]) < 0;
         }
-        Py_END_ALLOW_THREADS
+        if (saved) {
+            PyEval_RestoreThread(saved);
+        }
     }
     PyBuffer_Release(&mask);
     release_ints(&states);
     if (have_rows) {
         release_ints(&rows);
+    }
+    if (failed) {
+        return PyErr_NoMemory();
     }
     if (!ok) {
         Py_RETURN_NONE;
@@ -465,17 +845,24 @@ static PyObject *Kernel_next_batch(Kernel *self, PyObject *const *args, Py_ssize
     for (Py_ssize_t i = 0; ok && i < batch; i++) {
         ok = valid_state(self, s[i]);
     }
+    int failed = 0;
     if (ok) {
         int32_t *o = (int32_t *)out.buf;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < batch; i++) {
+        PyThreadState *saved = self->lazy ? NULL : PyEval_SaveThread(); /* the lazy cache needs the GIL */
+        for (Py_ssize_t i = 0; i < batch && !failed; i++) {
             o[i] = next_of(self, s[i], t[i]);
+            failed = o[i] == NO_MEMORY;
         }
-        Py_END_ALLOW_THREADS
+        if (saved) {
+            PyEval_RestoreThread(saved);
+        }
     }
     release_ints(&states);
     release_ints(&tokens);
     PyBuffer_Release(&out);
+    if (failed) {
+        return PyErr_NoMemory();
+    }
     if (!ok) {
         Py_RETURN_NONE;
     }
@@ -516,46 +903,6 @@ static inline int32_t index_child(const Index *ix, int32_t u, uint8_t b) {
             return (int32_t)(entry & 0xFFFFFFFFULL);
         }
         slot = (slot + 1) & ix->mask;
-    }
-}
-
-/* Sort a node's edge keys ascending (keys are distinct): insertion sort for the few edges
- * most nodes have, quicksort with median-of-three pivots above, no comparator calls. */
-static void sort_keys(uint64_t *a, int64_t n) {
-    while (n > 24) {
-        uint64_t x = a[0], y = a[n / 2], z = a[n - 1];
-        uint64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
-        int64_t i = 0, j = n - 1;
-        for (;;) {
-            while (a[i] < pivot) {
-                i++;
-            }
-            while (a[j] > pivot) {
-                j--;
-            }
-            if (i >= j) {
-                break;
-            }
-            uint64_t swap = a[i];
-            a[i++] = a[j], a[j--] = swap;
-        }
-        /* recurse into the smaller part, loop on the larger: the stack stays logarithmic */
-        if (j + 1 < n - j - 1) {
-            sort_keys(a, j + 1);
-            a += j + 1, n -= j + 1;
-        } else {
-            sort_keys(a + j + 1, n - j - 1);
-            n = j + 1;
-        }
-    }
-    for (int64_t i = 1; i < n; i++) {
-        uint64_t key = a[i];
-        int64_t j = i - 1;
-        while (j >= 0 && a[j] > key) {
-            a[j + 1] = a[j];
-            j--;
-        }
-        a[j + 1] = key;
     }
 }
 
@@ -1224,6 +1571,9 @@ static PyObject *MatcherCore_accept_token(MatcherCore *self, PyObject *const *ar
     if (following == -1) {
         Py_RETURN_FALSE;
     }
+    if (following == NO_MEMORY) {
+        return PyErr_NoMemory();
+    }
     PyObject *previous = PyLong_FromLongLong(self->state);
     if (previous == NULL) {
         return NULL;
@@ -1243,9 +1593,15 @@ static PyObject *MatcherCore_accept_token(MatcherCore *self, PyObject *const *ar
 
 static PyObject *MatcherCore_fill(MatcherCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     int64_t row = 0;
-    if (nargs < 1 || nargs > 2 || kwnames != NULL || self->kernel == NULL || Py_TYPE(self->kernel) != &KernelType ||
-        (nargs == 2 && !exact_int(args[1], &row)) || !valid_state((Kernel *)self->kernel, self->state) ||
-        !fill_into((Kernel *)self->kernel, args[0], row, self->state)) {
+    int done = 0;
+    if (nargs >= 1 && nargs <= 2 && kwnames == NULL && self->kernel != NULL && Py_TYPE(self->kernel) == &KernelType &&
+        (nargs == 1 || exact_int(args[1], &row)) && valid_state((Kernel *)self->kernel, self->state)) {
+        done = fill_into((Kernel *)self->kernel, args[0], row, self->state);
+    }
+    if (done < 0) {
+        return NULL;
+    }
+    if (!done) {
         PyObject *result = defer_to((PyObject *)self, str_fill_reference, args, nargs, kwnames);
         if (result == NULL) {
             return NULL;
@@ -1314,7 +1670,8 @@ static PyObject *AutomatonCore_next_state(AutomatonCore *self, PyObject *const *
         !exact_int(args[0], &state) || !exact_int(args[1], &token) || !valid_state((Kernel *)self->kernel, state)) {
         return defer_to((PyObject *)self, str_next_reference, args, nargs, kwnames);
     }
-    return PyLong_FromLong(next_of((Kernel *)self->kernel, state, token));
+    int32_t following = next_of((Kernel *)self->kernel, state, token);
+    return following == NO_MEMORY ? PyErr_NoMemory() : PyLong_FromLong(following);
 }
 
 static PyObject *AutomatonCore_fill_bitmask(AutomatonCore *self, PyObject *const *args, Py_ssize_t nargs,
@@ -1326,9 +1683,14 @@ static PyObject *AutomatonCore_fill_bitmask(AutomatonCore *self, PyObject *const
                    PyUnicode_Compare(PyTuple_GET_ITEM(kwnames, 0), str_rows) == 0);
     if (nargs == 2 && no_rows && self->kernel != NULL && Py_TYPE(self->kernel) == &KernelType &&
         (PyList_CheckExact(args[1]) || PyTuple_CheckExact(args[1])) && PySequence_Fast_GET_SIZE(args[1]) == 1 &&
-        exact_int(PySequence_Fast_ITEMS(args[1])[0], &state) && valid_state((Kernel *)self->kernel, state) &&
-        fill_into((Kernel *)self->kernel, args[0], 0, state)) {
-        Py_RETURN_NONE;
+        exact_int(PySequence_Fast_ITEMS(args[1])[0], &state) && valid_state((Kernel *)self->kernel, state)) {
+        int done = fill_into((Kernel *)self->kernel, args[0], 0, state);
+        if (done < 0) {
+            return NULL;
+        }
+        if (done) {
+            Py_RETURN_NONE;
+        }
     }
     PyObject *result = defer_to((PyObject *)self, str_fill_bitmask_reference, args, nargs, kwnames);
     if (result == NULL) {
@@ -1382,16 +1744,19 @@ static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t na
         Py_RETURN_NONE;
     }
     const int64_t *s = states.data;
-    const int32_t *offsets = (const int32_t *)self->edge_offsets.buf;
-    const int32_t *edge_tokens = (const int32_t *)self->edge_tokens.buf;
     int64_t total = 0;
+    Edges e;
     for (Py_ssize_t i = 0; i < states.size; i++) {
         if (!valid_state(self, s[i])) {
             release_ints(&states);
             Py_RETURN_NONE;
         }
         if (s[i] >= 0 && s[i] < self->num_nodes) {
-            total += offsets[s[i] + 1] - offsets[s[i]];
+            if (node_edges(self, s[i], &e) < 0) {
+                release_ints(&states);
+                return PyErr_NoMemory();
+            }
+            total += e.count;
         }
     }
     char *rows_data, *tokens_data;
@@ -1402,24 +1767,183 @@ static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t na
     if (rows_out != NULL && tokens_out != NULL) {
         int64_t *rows = (int64_t *)rows_data;
         int32_t *tokens = (int32_t *)tokens_data;
-        Py_BEGIN_ALLOW_THREADS
+        int failed = 0;
+        PyThreadState *saved = self->lazy ? NULL : PyEval_SaveThread(); /* the lazy cache needs the GIL */
         int64_t at = 0;
-        for (Py_ssize_t i = 0; i < states.size; i++) {
+        for (Py_ssize_t i = 0; i < states.size && !failed; i++) {
             if (s[i] >= 0 && s[i] < self->num_nodes) {
-                int32_t lo = offsets[s[i]], hi = offsets[s[i] + 1];
-                memcpy(tokens + at, edge_tokens + lo, (size_t)(hi - lo) * sizeof(int32_t));
-                for (int32_t e = lo; e < hi; e++) {
-                    rows[at++] = i;
+                /* a lazy node evicted since the count is rebuilt: the same edges again */
+                failed = node_edges(self, s[i], &e) < 0;
+                if (!failed) {
+                    memcpy(tokens + at, e.tokens, (size_t)e.count * sizeof(int32_t));
+                    for (int32_t k = 0; k < e.count; k++) {
+                        rows[at++] = i;
+                    }
                 }
             }
         }
-        Py_END_ALLOW_THREADS
-        result = PyTuple_Pack(2, rows_out, tokens_out);
+        if (saved) {
+            PyEval_RestoreThread(saved);
+        }
+        result = failed ? PyErr_NoMemory() : PyTuple_Pack(2, rows_out, tokens_out);
     }
     release_ints(&states);
     Py_XDECREF(rows_out);
     Py_XDECREF(tokens_out);
     return result;
+}
+
+/* ------------------------------------------------------------------ lazy kernels */
+
+/* lazy_kernel(node_byte u8, node_word u16, child_blocks i32, terminal_blocks i32,
+ *             terminal_values i32, tok_children i32, tok_byte u8, tok_offsets i32, tok_ids i32,
+ *             eos_ids i32, num_nodes, num_states, width, dense_min, cache_bytes) -> Kernel
+ * Every array is checked here (counts against the samples, children after their parent,
+ * ids in range), so that no lookup can leave them whatever they hold. */
+static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
+    PyObject *objs[10];
+    long long num_nodes, num_states, dense_min, cache_bytes;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLnLL", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
+                          &objs[6], &objs[7], &objs[8], &objs[9], &num_nodes, &num_states, &width, &dense_min,
+                          &cache_bytes)) {
+        return NULL;
+    }
+    static const Py_ssize_t sizes[10] = {1, 2, 4, 4, 4, 4, 1, 4, 4, 4};
+    static const char *names[10] = {"node_byte",    "node_word", "child_blocks", "terminal_blocks", "terminal_values",
+                                    "tok_children", "tok_byte",  "tok_offsets",  "tok_ids",         "eos_ids"};
+    Kernel *self = (Kernel *)KernelType.tp_alloc(&KernelType, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    Lazy *z = (Lazy *)PyMem_Calloc(1, sizeof(Lazy));
+    if (z == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->lazy = z;
+    Py_buffer eos;
+    for (int i = 0; i < 10; i++) {
+        if (get_array(objs[i], i < 9 ? &z->views[i] : &eos, sizes[i], names[i]) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        if (i < 9) {
+            z->held = i + 1;
+        }
+    }
+    z->node_byte = (const uint8_t *)z->views[0].buf;
+    z->node_word = (const uint16_t *)z->views[1].buf;
+    z->child_blocks = (const int32_t *)z->views[2].buf;
+    z->terminal_blocks = (const int32_t *)z->views[3].buf;
+    z->terminal_values = (const int32_t *)z->views[4].buf;
+    z->tok_children = (const int32_t *)z->views[5].buf;
+    z->tok_byte = (const uint8_t *)z->views[6].buf;
+    z->tok_offsets = (const int32_t *)z->views[7].buf;
+    z->tok_ids = (const int32_t *)z->views[8].buf;
+    Py_ssize_t n = z->views[0].shape[0], blocks = (n + 63) / 64, nt = z->views[6].shape[0];
+    Py_ssize_t values = z->views[4].shape[0], n_ids = z->views[8].shape[0];
+    uint64_t limit = 32 * (uint64_t)width; /* a token's bit lies in the row */
+    int bad = n < 1 || n != num_nodes || width < 1 || width > ((int64_t)1 << 26) || dense_min < 1 ||
+              cache_bytes < 0 || num_states != num_nodes + values || n >= INT32_MAX - values ||
+              z->views[1].shape[0] != n || z->views[2].shape[0] != blocks + 1 ||
+              z->views[3].shape[0] != blocks + 1 || nt < 1 || z->views[5].shape[0] != nt + 1 ||
+              z->views[7].shape[0] != nt + 1;
+    int64_t first = 1, terminals = 0;
+    for (Py_ssize_t a = 0; !bad && a < n; a++) {
+        if (a % 64 == 0) {
+            bad |= z->child_blocks[a / 64] != first || z->terminal_blocks[a / 64] != terminals;
+        }
+        int64_t count = z->node_word[a] & LAZY_COUNT;
+        bad |= count > 256 || (count > 0 && (first <= a || first + count > n));
+        first += count;
+        terminals += (z->node_word[a] & LAZY_TERMINAL) != 0;
+    }
+    bad |= bad || first != n || z->child_blocks[blocks] != n || terminals != values ||
+           z->terminal_blocks[blocks] != values;
+    for (Py_ssize_t i = 0; !bad && i < values; i++) {
+        bad |= z->terminal_values[i] < 0 || z->terminal_values[i] >= values;
+    }
+    bad |= bad || z->tok_offsets[0] != 0 || z->tok_offsets[nt] != n_ids || z->tok_children[0] < 1;
+    for (Py_ssize_t u = 0; !bad && u < nt; u++) {
+        int32_t lo = z->tok_children[u], hi = z->tok_children[u + 1];
+        bad |= hi < lo || hi > nt || (hi > lo && lo <= u) || z->tok_offsets[u + 1] < z->tok_offsets[u];
+    }
+    for (Py_ssize_t i = 0; !bad && i < n_ids; i++) {
+        bad |= (uint64_t)(uint32_t)z->tok_ids[i] >= limit;
+    }
+    z->n_eos = eos.shape[0];
+    z->eos = (int32_t *)malloc((size_t)(z->n_eos > 0 ? z->n_eos : 1) * sizeof(int32_t));
+    if (z->eos != NULL) {
+        memcpy(z->eos, eos.buf, (size_t)z->n_eos * sizeof(int32_t));
+    }
+    PyBuffer_Release(&eos);
+    for (Py_ssize_t i = 0; !bad && z->eos != NULL && i < z->n_eos; i++) {
+        bad |= (uint64_t)(uint32_t)z->eos[i] >= limit;
+    }
+    if (bad) {
+        Py_DECREF(self);
+        PyErr_SetString(PyExc_ValueError, "lazy automaton arrays out of range or inconsistent");
+        return NULL;
+    }
+    z->bucket_bits = 6;
+    z->buckets = (Entry **)calloc((size_t)1 << z->bucket_bits, sizeof(Entry *));
+    if (z->eos == NULL || z->buckets == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    z->bytes = ((size_t)1 << z->bucket_bits) * sizeof(Entry *);
+    z->limit = (size_t)cache_bytes;
+    self->num_nodes = num_nodes;
+    self->num_states = num_states;
+    self->width = width;
+    self->dense_min = dense_min;
+    return (PyObject *)self;
+}
+
+/* edges(node) -> (tokens int32, dests int32) bytearrays of a node's edges, or None to defer */
+static PyObject *Kernel_edges(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
+    int64_t node;
+    if (nargs != 1 || !exact_int(args[0], &node) || node < 0 || node >= self->num_nodes) {
+        Py_RETURN_NONE;
+    }
+    Edges e;
+    if (node_edges(self, node, &e) < 0) {
+        return PyErr_NoMemory();
+    }
+    char *tokens_data, *dests_data;
+    PyObject *tokens = new_bytes((Py_ssize_t)e.count * 4, &tokens_data);
+    PyObject *dests = tokens ? new_bytes((Py_ssize_t)e.count * 4, &dests_data) : NULL;
+    PyObject *result = NULL;
+    if (dests != NULL) {
+        memcpy(tokens_data, e.tokens, (size_t)e.count * 4);
+        memcpy(dests_data, e.dests, (size_t)e.count * 4);
+        result = PyTuple_Pack(2, tokens, dests);
+    }
+    Py_XDECREF(tokens);
+    Py_XDECREF(dests);
+    return result;
+}
+
+/* cache_info() -> dict of the lazy cache's counters, or None for an eager kernel */
+static PyObject *Kernel_cache_info(Kernel *self, PyObject *unused) {
+    Lazy *z = self->lazy;
+    if (z == NULL) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("{s:n,s:n,s:n,s:K,s:K,s:K}", "bytes", (Py_ssize_t)z->bytes, "limit", (Py_ssize_t)z->limit,
+                         "entries", (Py_ssize_t)z->entries, "hits", z->hits, "misses", z->misses, "evictions",
+                         z->evictions);
+}
+
+/* cache_clear(): drop every cached row (counters kept) */
+static PyObject *Kernel_cache_clear(Kernel *self, PyObject *unused) {
+    Lazy *z = self->lazy;
+    while (z != NULL && z->oldest != NULL) {
+        lazy_evict_oldest(z);
+        z->evictions--; /* a clear is not an eviction */
+    }
+    Py_RETURN_NONE;
 }
 
 static PyMethodDef module_methods[] = {
@@ -1428,6 +1952,7 @@ static PyMethodDef module_methods[] = {
     {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
+    {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask._lazy)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1442,6 +1967,10 @@ static PyMethodDef Kernel_methods[] = {
      "next_batch(states, tokens, out_int32) -> True, or None to defer (lists of ints or int64 arrays)"},
     {"pairs", (PyCFunction)(void (*)(void))Kernel_pairs, METH_FASTCALL,
      "pairs(states) -> (rows int64, tokens int32) bytearrays of every allowed pair, or None to defer"},
+    {"edges", (PyCFunction)(void (*)(void))Kernel_edges, METH_FASTCALL,
+     "edges(node) -> (tokens int32, dests int32) bytearrays of one node's edges, or None to defer"},
+    {"cache_info", (PyCFunction)Kernel_cache_info, METH_NOARGS, "The lazy cache's counters (None when eager)."},
+    {"cache_clear", (PyCFunction)Kernel_cache_clear, METH_NOARGS, "Drop the lazy cache's rows."},
     {NULL, NULL, 0, NULL},
 };
 

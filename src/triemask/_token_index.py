@@ -21,7 +21,9 @@ Transitions ``(node, byte) -> child`` live in two tables:
 
 from __future__ import annotations
 
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,11 +33,63 @@ from . import _kernels
 from ._trie import build_trie
 from ._vocabulary import Vocabulary
 
-__all__ = ["TokenIndex"]
+__all__ = ["TokenIndex", "TokenTrie"]
 
 _DENSE_TABLE_BYTES = 48 << 20  # budget for the dense transition rows
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
 _EMPTY = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+@dataclass(frozen=True)
+class TokenTrie:
+    """The vocabulary's text tokens in one forward byte trie (breadth-first numbered, children
+    contiguous and in byte order), for the lazy layout: a token is allowed at a value-trie node
+    exactly when its bytes spell a path down from that node.
+
+    Attributes
+    ----------
+    children : int32 array, ``num_nodes + 1``
+        Node ``u``'s children are ``children[u]:children[u + 1]``.
+    node_byte : uint8 array
+        The byte into each node (0 for the root).
+    token_offsets, token_ids : int32 arrays
+        The ids of the tokens spelling node ``u``'s string, ascending:
+        ``token_ids[token_offsets[u]:token_offsets[u + 1]]`` (several ids may share bytes).
+    """
+
+    children: npt.NDArray[np.int32]
+    node_byte: npt.NDArray[np.uint8]
+    token_offsets: npt.NDArray[np.int32]
+    token_ids: npt.NDArray[np.int32]
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(a.nbytes for a in (self.children, self.node_byte, self.token_offsets, self.token_ids))
+
+
+def _token_trie(vocab: Vocabulary) -> TokenTrie:
+    lengths, _, data = vocab.byte_table()
+    text_ids = np.flatnonzero(lengths > 0).astype(np.int32)
+    starts = np.zeros(len(text_ids) + 1, dtype=np.int64)
+    np.cumsum(lengths[text_ids], out=starts[1:])
+    if len(text_ids) == 0:  # no text at all: the root alone
+        starts = np.zeros(2, dtype=np.int64)
+    trie = build_trie(np.frombuffer(data, dtype=np.uint8), starts, return_inverse=True)
+    n = trie.num_nodes
+    children = np.ones(n + 1, dtype=np.int32)
+    np.cumsum(np.bincount(trie.parent[1:], minlength=n), out=children[1:])
+    children[1:] += 1
+    token_offsets = np.zeros(n + 1, dtype=np.int32)
+    token_ids = np.zeros(0, dtype=np.int32)
+    if len(text_ids):
+        nodes = trie.terminal[trie.inverse]
+        order = np.lexsort((text_ids, nodes))
+        token_ids = text_ids[order]
+        np.cumsum(np.bincount(nodes, minlength=n), out=token_offsets[1:])
+    tokens = TokenTrie(children, trie.byte.copy(), token_offsets, token_ids)
+    for array in (tokens.children, tokens.node_byte, tokens.token_offsets, tokens.token_ids):
+        array.flags.writeable = False
+    return tokens
 
 
 class TokenIndex:
@@ -64,6 +118,8 @@ class TokenIndex:
         "native",
         "node_byte",
         "num_nodes",
+        "token_trie_lock",
+        "token_trie_value",
         "vocab",
     )
 
@@ -135,7 +191,16 @@ class TokenIndex:
         for array in self._arrays():
             array.flags.writeable = False
         self.native: Any = None  # the C compiler's view of the tables, made on first use
+        self.token_trie_value: TokenTrie | None = None  # the forward trie, made on first use
+        self.token_trie_lock = threading.Lock()
         self.build_seconds = time.perf_counter() - started
+
+    def token_trie(self) -> TokenTrie:
+        """The forward trie of the text tokens (built on first use, for the lazy layout)."""
+        with self.token_trie_lock:
+            if self.token_trie_value is None:
+                self.token_trie_value = _token_trie(self.vocab)
+            return self.token_trie_value
 
     def native_tables(self) -> Any:
         """The tables as the C extension's ``Tables`` (checked once, then shared by every

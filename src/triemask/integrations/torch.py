@@ -25,6 +25,7 @@ import numpy.typing as npt
 
 from .._automaton import DEAD, TrieAutomaton
 from .._errors import ArgumentTypeError, BitmaskError, StateError
+from .._lazy import LazyTrieAutomaton
 
 try:
     import torch
@@ -87,6 +88,11 @@ class DeviceAutomaton:
     def __init__(self, automaton: TrieAutomaton, device: Any = None) -> None:
         if not isinstance(automaton, TrieAutomaton):
             raise ArgumentTypeError(f"DeviceAutomaton needs a TrieAutomaton, got {type(automaton).__qualname__}")
+        if isinstance(automaton, LazyTrieAutomaton):
+            raise ArgumentTypeError(
+                "DeviceAutomaton uploads every edge, and a lazy automaton stores none: "
+                "compile the set with layout='trie' for the device"
+            )
         self.automaton = automaton
         try:
             self.device = torch.device(device) if device is not None else torch.device("cpu")
