@@ -84,10 +84,13 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# Large sets (triemask alone, {results['date']})\n",
         f"Machine: {results['machine']}. Vocabulary: Qwen2.5. Each set in a fresh process.\n",
-        "| set | values | input | trie nodes | edges | compile | automaton | peak RSS (x input, x automaton) "
-        "| step (Matcher / stateless) | batch fill B = 128 |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    if results["sets"]:
+        lines += [
+            "| set | values | input | trie nodes | edges | compile | automaton | peak RSS (x input, x automaton) "
+            "| step (Matcher / stateless) | batch fill B = 128 |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     for label, entry in results["sets"].items():
         if entry.get("status") != "ok":
             lines.append(f"| {label} | {entry.get('error', entry.get('status'))} |||||||||")

@@ -265,3 +265,67 @@ def test_lazy_arguments_are_checked() -> None:
     assert small.memory_bytes <= 10_000
     with pytest.raises(ValueSetError, match="empty"):
         compiler.compile([], layout="lazy")
+
+
+@settings(max_examples=400, deadline=None)
+@given(data=st.data())
+def test_lazy_kernel_rejects_inconsistent_arrays(data: st.DataObject) -> None:
+    """A fuzz of the lazy kernel's inputs: arbitrary small arrays (some taken from a real
+    lazy automaton, then perturbed) either build a kernel whose every call stays in bounds
+    and in range, or are refused with ValueError; never a crash (make test-asan runs this
+    under AddressSanitizer)."""
+    from triemask import _kernels
+
+    native = _kernels.KERNELS
+    if native is None:
+        pytest.skip("the C extension is not built")
+    vocab = byte_vocabulary([b"ab", b"ba"])
+    base = Compiler(vocab).compile(["ab", "abc", "b", "ca"], layout="lazy")
+    trie = base._token_trie  # the arrays under test
+    arrays = [
+        base._node_byte,
+        base._node_word,
+        base._child_blocks,
+        base._terminal_blocks,
+        base._terminal_values,
+        trie.children,
+        trie.node_byte,
+        trie.token_offsets,
+        trie.token_ids,
+        np.asarray(vocab.eos_token_ids, dtype=np.int32),
+    ]
+    victim = data.draw(st.integers(0, len(arrays) - 1))
+    array = arrays[victim].copy()
+    if len(array) and data.draw(st.booleans()):
+        value = np.asarray(data.draw(st.integers(-2, 600))).astype(array.dtype)  # wraps for unsigned arrays
+        array[data.draw(st.integers(0, len(array) - 1))] = value
+    else:
+        array = np.resize(array, data.draw(st.integers(0, len(array) + 2)))
+    arrays[victim] = array
+    num_nodes = base.num_nodes + data.draw(st.sampled_from([0, 0, 0, -1, 1]))
+    num_states = base.num_states + data.draw(st.sampled_from([0, 0, 0, -1, 1]))
+    width = (vocab.vocab_size + 31) // 32
+    try:
+        kernel = native.lazy_kernel(
+            *arrays, num_nodes, num_states, width, 1, data.draw(st.sampled_from([0, 100, 10_000]))
+        )
+    except ValueError:
+        return
+    bitmask = np.zeros((2, width), dtype=np.int32)
+    for state in range(-1, num_states + 1):
+        following = kernel.next(state, data.draw(st.integers(-1, 300)))
+        assert following is None or -1 <= following < num_states
+        kernel.fill(bitmask, 0, state)
+        if 0 <= state < num_nodes:
+            tokens, dests = (np.frombuffer(b, dtype=np.int32) for b in kernel.edges(state))
+            assert ((tokens >= 0) & (tokens < 32 * width)).all() and ((dests >= 0) & (dests < num_states)).all()
+            spelled = kernel.spell(state)
+            assert spelled is not None and len(spelled) <= num_nodes
+    kernel.fill_batch(bitmask, [0, num_nodes - 1], None)
+    kernel.pairs(list(range(num_states)))
+
+
+def test_long_values_are_spelled_back(native: bool) -> None:
+    values = ["x" * 700, "x" * 300 + "y", "z"]
+    lazy = Compiler(byte_vocabulary()).compile(values, layout="lazy")
+    assert [lazy.value(i) for i in range(3)] == sorted(values) == lazy.values()

@@ -401,11 +401,13 @@ class LazyTrieAutomaton(TrieAutomaton):
         if not 0 <= index < self._num_values:
             raise ValueIndexError(f"value index {index} is outside [0, {self._num_values})")
         node = int(self._value_nodes[index])
-        spelled = bytearray()
-        while node:
-            spelled.append(int(self._node_byte[node]))
-            node = self._parent(node)
-        raw = bytes(spelled[::-1])
+        raw: bytes | None = None if self._kernel is None else self._kernel.spell(node)
+        if raw is None:
+            spelled = bytearray()
+            while node:
+                spelled.append(int(self._node_byte[node]))
+                node = self._parent(node)
+            raw = bytes(spelled[::-1])
         return raw.decode("utf-8") if self._values_are_str else raw
 
     def values(self) -> list[str | bytes]:

@@ -384,11 +384,11 @@ static Entry *lazy_compute(const Kernel *self, int32_t node) {
             }
         }
         int32_t count = word & LAZY_COUNT;
-        if (count == 0) {
+        int32_t j = z->tok_children[u], end = z->tok_children[u + 1];
+        if (count == 0 || j == end) {
             continue;
         }
         int32_t first = lazy_first_child(z, v);
-        int32_t j = z->tok_children[u], end = z->tok_children[u + 1];
         if (grow((void **)&z->stack, &z->stack_cap, 2 * (sp + (size_t)count), sizeof(int32_t)) < 0) {
             return NULL;
         }
@@ -1925,6 +1925,62 @@ static PyObject *Kernel_edges(Kernel *self, PyObject *const *args, Py_ssize_t na
     return result;
 }
 
+/* spell(node) -> the bytes from the root to a lazy trie's node (walking up: a binary search of
+ * the first-child samples, then a scan of one block, per byte), or None to defer */
+static PyObject *Kernel_spell(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
+    Lazy *z = self->lazy;
+    int64_t node;
+    if (z == NULL || nargs != 1 || !exact_int(args[0], &node) || node < 0 || node >= self->num_nodes) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t blocks = z->views[2].shape[0], depth = 0;
+    uint8_t stack_buffer[256], *spelled = stack_buffer;
+    size_t capacity = sizeof(stack_buffer);
+    for (int32_t m = (int32_t)node; m != 0;) {
+        if ((size_t)depth == capacity) {
+            uint8_t *grown = (uint8_t *)PyMem_Malloc(2 * capacity);
+            if (grown == NULL) {
+                if (spelled != stack_buffer) {
+                    PyMem_Free(spelled);
+                }
+                return PyErr_NoMemory();
+            }
+            memcpy(grown, spelled, capacity);
+            if (spelled != stack_buffer) {
+                PyMem_Free(spelled);
+            }
+            spelled = grown;
+            capacity *= 2;
+        }
+        spelled[depth++] = z->node_byte[m];
+        Py_ssize_t lo = 0, hi = blocks; /* the last block whose first child is <= m */
+        while (hi - lo > 1) {
+            Py_ssize_t mid = lo + (hi - lo) / 2;
+            if (z->child_blocks[mid] <= m) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        int32_t parent = (int32_t)(lo * 64), first = z->child_blocks[lo];
+        while (first + (int32_t)(z->node_word[parent] & LAZY_COUNT) <= m) {
+            first += z->node_word[parent++] & LAZY_COUNT;
+        }
+        m = parent;
+    }
+    PyObject *result = PyBytes_FromStringAndSize(NULL, depth);
+    if (result != NULL) {
+        char *out = PyBytes_AS_STRING(result);
+        for (Py_ssize_t i = 0; i < depth; i++) {
+            out[i] = (char)spelled[depth - 1 - i];
+        }
+    }
+    if (spelled != stack_buffer) {
+        PyMem_Free(spelled);
+    }
+    return result;
+}
+
 /* cache_info() -> dict of the lazy cache's counters, or None for an eager kernel */
 static PyObject *Kernel_cache_info(Kernel *self, PyObject *unused) {
     Lazy *z = self->lazy;
@@ -1969,6 +2025,8 @@ static PyMethodDef Kernel_methods[] = {
      "pairs(states) -> (rows int64, tokens int32) bytearrays of every allowed pair, or None to defer"},
     {"edges", (PyCFunction)(void (*)(void))Kernel_edges, METH_FASTCALL,
      "edges(node) -> (tokens int32, dests int32) bytearrays of one node's edges, or None to defer"},
+    {"spell", (PyCFunction)(void (*)(void))Kernel_spell, METH_FASTCALL,
+     "spell(node) -> the bytes of a lazy trie's node, or None to defer"},
     {"cache_info", (PyCFunction)Kernel_cache_info, METH_NOARGS, "The lazy cache's counters (None when eager)."},
     {"cache_clear", (PyCFunction)Kernel_cache_clear, METH_NOARGS, "Drop the lazy cache's rows."},
     {NULL, NULL, 0, NULL},
