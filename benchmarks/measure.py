@@ -224,6 +224,8 @@ def compile_sweep(
                 wait = timeout
             elif message.get("phase") == "first":  # the repeats of this K follow
                 wait = max(repeat_budget, message["first_s"]) * 2 + 10
+                if decode:  # the decode figures (with layout="lazy", an eager compile too: up to 5x longer)
+                    wait += 60 + 10 * message["first_s"]
             else:
                 k = message.pop("k")
                 result["sizes"][str(k)] = message
@@ -345,6 +347,20 @@ def _decode_figures(engine: Any, automaton: TrieAutomaton, vocab: Vocabulary, va
     )
     if lazy:
         figures.update(cache=automaton.cache_info(), memory_bytes_after=automaton.memory_bytes)
+        # the warm step against the eager layout's in this process, alternating (this VM's
+        # timings drift between processes by more than the difference measured)
+        eager = engine.compiler.compile(values)
+        rounds = [
+            (
+                per_step_seconds(engine, eager, paths, 1, engine.matcher_request(eager)),
+                per_step_seconds(engine, automaton, paths, 1, engine.matcher_request(automaton)),
+            )
+            for _ in range(15)
+        ]
+        figures["paired_step_s"] = {
+            "trie": statistics.median(r[0] for r in rounds),
+            "lazy": statistics.median(r[1] for r in rounds),
+        }
     return figures
 
 
