@@ -33,7 +33,7 @@ def twins(vocab: Vocabulary, values: list[bytes], monkeypatch: pytest.MonkeyPatc
         reference = compiler.compile(values, **options)
     assert _automaton.native_kernel(native) is not None and _automaton.native_kernel(reference) is None
     # the C compile loops lay out exactly the arrays the NumPy compiler does
-    mine, theirs = native.__reduce__()[1][0], reference.__reduce__()[1][0]
+    mine, theirs = native._stored_arrays(), reference._stored_arrays()
     for name, array in mine.items():
         if isinstance(array, np.ndarray):
             assert array.dtype == theirs[name].dtype and np.array_equal(array, theirs[name]), name

@@ -22,6 +22,7 @@ from ._bitmask import allocate_token_bitmask, bitmask_width
 from ._compile import Compiler
 from ._errors import (
     ArgumentTypeError,
+    AutomatonFileError,
     BitmaskError,
     IncompatibleValueError,
     MemoryLimitError,
@@ -59,6 +60,7 @@ __all__ = [
     "DEFAULT_MIN_ENUM_VALUES",
     "FORMATS",
     "ArgumentTypeError",
+    "AutomatonFileError",
     "BitmaskError",
     "CompiledSchema",
     "CompiledTools",

@@ -2,23 +2,48 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _kernels
+from . import _kernels, _storage
 from ._bitmask import _INT32, as_bitmask_array, bitmask_width
-from ._errors import ArgumentTypeError, StateError, ValueIndexError, ValueSetError, integer
+from ._errors import ArgumentTypeError, AutomatonFileError, StateError, ValueIndexError, ValueSetError, integer
 
-__all__ = ["DEAD", "DagAutomaton", "TrieAutomaton", "dense_threshold", "native_kernel", "set_bits", "state_index"]
+__all__ = [
+    "DEAD",
+    "DagAutomaton",
+    "TrieAutomaton",
+    "dense_threshold",
+    "native_kernel",
+    "register_kind",
+    "set_bits",
+    "set_fingerprint",
+    "state_index",
+]
 
 DEAD = -1
 """The state a rejected token leads to. Nothing is allowed in it."""
 
 _IntArray = npt.NDArray[np.integer[Any]]
+
+
+def set_fingerprint(flat: npt.NDArray[np.uint8], starts: npt.NDArray[Any], are_str: bool) -> str:
+    """The fingerprint of a set of values from its distinct values in sorted order
+    (concatenated, with their offsets): the same set in any order, with any duplicates,
+    has the same fingerprint."""
+    digest = hashlib.blake2b(b"str" if are_str else b"bytes", digest_size=16)
+    digest.update(np.ascontiguousarray(starts, dtype="<i8").tobytes())
+    digest.update(np.ascontiguousarray(flat, dtype=np.uint8).tobytes())
+    return digest.hexdigest()
+
+
+_Automaton = TypeVar("_Automaton", bound="TrieAutomaton")
 
 
 def state_index(state: Any, what: str = "states") -> int:
@@ -162,6 +187,7 @@ class TrieAutomaton(_Core):
         "_level_offsets",
         "_num_nodes",
         "_num_values",
+        "_set_fingerprint",
         "_terminal_nodes",
         "_terminal_values",
         "_tokens_view",
@@ -210,7 +236,8 @@ class TrieAutomaton(_Core):
         self._eos_token_ids = eos_token_ids
         self._eos = eos
         self._compile_seconds = compile_seconds
-        # the rows of the nodes allowing half a row's worth of tokens, derived (never pickled)
+        self._set_fingerprint: str | None = None  # computed on first use
+        # the rows of the nodes allowing half a row's worth of tokens, derived (never saved)
         self._dense_nodes, self._dense_rows = _dense_rows(edge_tokens, edge_offsets, self._num_nodes, self._width)
         for array in self._arrays():
             array.flags.writeable = False
@@ -233,12 +260,116 @@ class TrieAutomaton(_Core):
                 dense_threshold(self._width),
             )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        state = {
-            name.lstrip("_"): getattr(self, name) for name in TrieAutomaton.__slots__ if not name.endswith("_view")
+    # ------------------------------------------------------------------ files
+
+    _kind: ClassVar[str] = "trie"
+    _ARRAYS: ClassVar[tuple[str, ...]] = (
+        "edge_offsets",
+        "edge_tokens",
+        "edge_dests",
+        "terminal_nodes",
+        "terminal_values",
+        "value_flat",
+        "value_starts",
+        "level_offsets",
+    )
+
+    def _meta(self) -> dict[str, Any]:
+        """The scalar fields a file stores (JSON), besides the arrays."""
+        return {
+            "values_are_str": self._values_are_str,
+            "input_values": self._input_values,
+            "vocab_size": self._vocab_size,
+            "vocab_fingerprint": self._vocab_fingerprint,
+            "eos_token_ids": list(self._eos_token_ids),
+            "eos": self._eos,
+            "compile_seconds": self._compile_seconds,
         }
-        del state["num_nodes"], state["num_values"], state["width"], state["dense_nodes"], state["dense_rows"]
-        return (_restore, (state,))
+
+    def _stored_arrays(self) -> dict[str, npt.NDArray[Any]]:
+        return {name: getattr(self, f"_{name}") for name in self._ARRAYS}
+
+    @classmethod
+    def _from_stored(cls: type[_Automaton], meta: dict[str, Any], arrays: dict[str, Any]) -> _Automaton:
+        return cls(**{name: arrays[name] for name in cls._ARRAYS}, **_meta_arguments(meta))
+
+    @property
+    def set_fingerprint(self) -> str:
+        """Fingerprint of the set of values (order and duplicates do not matter; the vocabulary
+        does not enter): equal sets compiled in any layout have equal fingerprints."""
+        if self._set_fingerprint is None:
+            flat: Any = self._value_flat
+            self._set_fingerprint = set_fingerprint(flat, self._value_starts, self._values_are_str)
+        return self._set_fingerprint
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the automaton to ``path`` in triemask's file format (no pickle): versioned,
+        with the vocabulary's and the set's fingerprints, every array aligned and checksummed,
+        written atomically. Load it with :meth:`load`."""
+        _storage.write(
+            path,
+            self._kind,
+            self._meta(),
+            self._stored_arrays(),
+            vocab_fingerprint=self._vocab_fingerprint,
+            set_fingerprint=self.set_fingerprint,
+        )
+
+    @classmethod
+    def load(
+        cls: type[_Automaton],
+        path: str | os.PathLike[str],
+        *,
+        vocab: Any,
+        mmap: bool = True,
+        verify: bool = True,
+    ) -> _Automaton:
+        """Load an automaton written by :meth:`save` (any layout: the file says which).
+
+        Parameters
+        ----------
+        path : str or path
+            The file.
+        vocab : Vocabulary
+            The vocabulary it must have been compiled for (checked by fingerprint).
+        mmap : bool
+            Map the file read-only instead of reading it: nothing is copied, and every
+            process mapping the same file shares its pages. The file must not be
+            modified while mapped (:meth:`save` replaces files by renaming, which is safe).
+        verify : bool
+            Check every array's CRC-32 (reads the whole file once); the header and every
+            array's bounds are always checked, and the arrays' contents are range-checked
+            when the automaton is built.
+
+        Raises
+        ------
+        AutomatonFileError
+            The file is missing, truncated, corrupt, not a triemask file, of a newer format,
+            of another kind than ``cls``, or compiled for another vocabulary (``.field``).
+        """
+        from ._vocabulary import Vocabulary
+
+        if not isinstance(vocab, Vocabulary):
+            raise ArgumentTypeError(f"load needs vocab=<the triemask.Vocabulary>, got {type(vocab).__qualname__}")
+        stored = _storage.read(path, use_mmap=mmap, verify=verify, kinds=tuple(_KINDS))
+        stored.check_vocabulary(vocab.fingerprint)
+        automaton = _restore_stored(stored)
+        if not isinstance(automaton, cls):
+            raise AutomatonFileError(
+                f"{stored.source} holds a {type(automaton).__name__}, not a {cls.__name__}", field="kind"
+            )
+        return automaton
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickling goes through the file format: versioned, checked, no pickled internals
+        blob = _storage.to_bytes(
+            self._kind,
+            self._meta(),
+            self._stored_arrays(),
+            vocab_fingerprint=self._vocab_fingerprint,
+            set_fingerprint=self.set_fingerprint,
+        )
+        return (_from_bytes, (blob,))
 
     def _arrays(self) -> list[npt.NDArray[Any]]:
         return [
@@ -676,8 +807,33 @@ def native_kernel(automaton: TrieAutomaton) -> Any:
     return automaton._kernel
 
 
-def _restore(state: dict[str, Any]) -> TrieAutomaton:
-    return TrieAutomaton(**state)
+def _meta_arguments(meta: dict[str, Any]) -> dict[str, Any]:
+    arguments = dict(meta)
+    arguments["eos_token_ids"] = tuple(arguments["eos_token_ids"])
+    return arguments
+
+
+_KINDS: dict[str, type[TrieAutomaton]] = {"trie": TrieAutomaton}
+
+
+def register_kind(cls: type[TrieAutomaton]) -> type[TrieAutomaton]:
+    """Let files of ``cls._kind`` load as ``cls`` (each layout registers itself)."""
+    _KINDS[cls._kind] = cls
+    return cls
+
+
+def _restore_stored(stored: _storage.Stored) -> TrieAutomaton:
+    try:
+        return _KINDS[stored.kind]._from_stored(stored.meta, stored.arrays)
+    except (KeyError, TypeError, ValueError) as error:  # a field missing, or arrays that do not fit together
+        raise AutomatonFileError(
+            f"{stored.source} is corrupt: its arrays do not form an automaton ({type(error).__name__}: {error})",
+            field="arrays",
+        ) from None
+
+
+def _from_bytes(blob: bytes) -> TrieAutomaton:
+    return _restore_stored(_storage.read(blob, kinds=tuple(_KINDS)))
 
 
 class DagAutomaton(TrieAutomaton):
@@ -722,11 +878,41 @@ class DagAutomaton(TrieAutomaton):
         self._counts: list[int] | None = None
         self._out_edges: list[list[tuple[int, int]]] | None = None
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        base = super().__reduce__()[1][0]
-        state = {**base, "dag": self._dag, "pattern": self._pattern}
-        state.update(spell_ids=self._spell_ids, spell_offsets=self._spell_offsets, spell_flat=self._spell_flat)
-        return (_restore_dag, (state,))
+    _kind: ClassVar[str] = "dag"
+    _DAG_ARRAYS: ClassVar[tuple[str, ...]] = ("in_offsets", "source", "byte", "dest", "accepting", "level_offsets")
+
+    def _meta(self) -> dict[str, Any]:
+        return {**super()._meta(), "pattern": self._pattern}
+
+    def _stored_arrays(self) -> dict[str, npt.NDArray[Any]]:
+        arrays = super()._stored_arrays()
+        arrays.update(spell_ids=self._spell_ids, spell_offsets=self._spell_offsets, spell_flat=self._spell_flat)
+        arrays.update({f"dag_{name}": getattr(self._dag, name) for name in self._DAG_ARRAYS})
+        return arrays
+
+    @classmethod
+    def _from_stored(cls, meta: dict[str, Any], arrays: dict[str, Any]) -> DagAutomaton:
+        from ._regex import ByteDag
+
+        dag = ByteDag(**{name: arrays[f"dag_{name}"] for name in cls._DAG_ARRAYS})
+        return cls(
+            dag=dag,
+            spell_ids=arrays["spell_ids"],
+            spell_offsets=arrays["spell_offsets"],
+            spell_flat=arrays["spell_flat"],
+            **{name: arrays[name] for name in cls._ARRAYS},
+            **_meta_arguments(meta),
+        )
+
+    @property
+    def set_fingerprint(self) -> str:
+        """Fingerprint of the language: of its minimal DAG (canonical for the language)."""
+        if self._set_fingerprint is None:
+            digest = hashlib.blake2b(b"dag", digest_size=16)
+            for name in self._DAG_ARRAYS:
+                digest.update(np.ascontiguousarray(getattr(self._dag, name)).tobytes())
+            self._set_fingerprint = digest.hexdigest()
+        return self._set_fingerprint
 
     def _arrays(self) -> list[npt.NDArray[Any]]:
         if not hasattr(self, "_dag"):  # called by the base constructor, before these are set
@@ -856,5 +1042,4 @@ class DagAutomaton(TrieAutomaton):
         )
 
 
-def _restore_dag(state: dict[str, Any]) -> DagAutomaton:
-    return DagAutomaton(**state)
+register_kind(DagAutomaton)

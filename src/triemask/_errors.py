@@ -16,6 +16,8 @@ also from the built-in class a caller would naturally catch (``ValueError``,
     ├── StateError (ValueError)            a state id that no automaton state has (also a bool or
     │                                      float where a state, row or token id is due)
     ├── BitmaskError (ValueError)          a bitmask or logits buffer of the wrong shape, dtype or device
+    ├── AutomatonFileError (ValueError)    a saved automaton that cannot be loaded: truncated, corrupt,
+    │                                      a newer format, another vocabulary; .field names what
     ├── ArgumentTypeError (TypeError)      an argument of the wrong kind (Compiler("x"), Matcher(42))
     └── ValueIndexError (IndexError)       TrieAutomaton.value(i) with i outside [0, num_values)
 
@@ -30,6 +32,7 @@ from typing import Any
 
 __all__ = [
     "ArgumentTypeError",
+    "AutomatonFileError",
     "BitmaskError",
     "IncompatibleValueError",
     "MemoryLimitError",
@@ -135,6 +138,17 @@ class StateError(TriemaskError, ValueError):
 
 class BitmaskError(TriemaskError, ValueError):
     """A token bitmask (or logits) buffer whose type, shape, dtype, layout or device is wrong."""
+
+
+class AutomatonFileError(TriemaskError, ValueError):
+    """A saved automaton cannot be loaded (``TrieAutomaton.load``): the file is truncated,
+    corrupt, not a triemask file, of a newer format, or compiled for another vocabulary.
+    ``field`` names what is wrong (``"size"``, ``"header"``, ``"format_version"``,
+    ``"vocab_fingerprint"``, an array's name, ...)."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class ArgumentTypeError(TriemaskError, TypeError):

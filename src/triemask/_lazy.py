@@ -10,7 +10,7 @@ leads where that path ends, which is the compiler's definition, so the masks and
 equal the eager layout's. Found edges (and the whole row for nodes allowing half a row's
 worth of tokens) go to a byte-bounded LRU cache; a step at a cached node costs what an
 eager step does. Memory: about 5 bytes per trie node and 8 per value, plus the cache
-bound: 5-8x less than the eager layout on large sets (docs/large-sets.md).
+bound: 6-9x less than the eager layout on large sets (docs/large-sets.md).
 
 The C extension holds the cache (``_native.lazy_kernel``); without it, the NumPy code
 below finds the edges (level by level) and a Python LRU keeps them.
@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
 from . import _kernels
-from ._automaton import DEAD, TrieAutomaton, dense_threshold, set_bits, state_index
+from ._automaton import DEAD, TrieAutomaton, dense_threshold, register_kind, set_bits, state_index
 from ._bitmask import bitmask_width
 from ._errors import ValueIndexError
 from ._token_index import TokenTrie
@@ -77,9 +77,9 @@ class LazyTrieAutomaton(TrieAutomaton):
     """A :class:`TrieAutomaton` whose edges are found on first use and cached
     (``compile(values, layout="lazy")``).
 
-    The same states, masks and methods as the eager layout, for 5-8x less memory on large
+    The same states, masks and methods as the eager layout, for 6-9x less memory on large
     sets; the first step at a node costs a walk of its subtrie against the token trie
-    (microseconds deep in the trie, about a millisecond at the root of a million values),
+    (microseconds deep in the trie, up to a few milliseconds at the root of a word list),
     later steps what an eager step costs while the node stays cached. The cache is
     bounded by ``cache_bytes``, shared by every request and thread using the automaton
     (thread-safe), and reported by :meth:`cache_info`; a node's edges larger than the
@@ -118,6 +118,7 @@ class LazyTrieAutomaton(TrieAutomaton):
         value_nodes: npt.NDArray[np.int32],
         token_trie: TokenTrie,
         cache_bytes: int,
+        set_fingerprint: str,
         values_are_str: bool,
         input_values: int,
         level_offsets: npt.NDArray[np.int64],
@@ -145,6 +146,7 @@ class LazyTrieAutomaton(TrieAutomaton):
         self._eos_token_ids = eos_token_ids
         self._eos = eos
         self._compile_seconds = compile_seconds
+        self._set_fingerprint = set_fingerprint
         self._cache_limit = cache_bytes
         self._dense_nodes = np.zeros(0, dtype=np.int32)  # no rows stored whole: the cache holds them
         for array in self._arrays():
@@ -174,26 +176,31 @@ class LazyTrieAutomaton(TrieAutomaton):
                 cache_bytes,
             )
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        state = {
-            "node_byte": self._node_byte,
-            "node_word": self._node_word,
-            "child_blocks": self._child_blocks,
-            "terminal_blocks": self._terminal_blocks,
-            "terminal_values": self._terminal_values,
-            "value_nodes": self._value_nodes,
-            "token_trie": self._token_trie,
-            "cache_bytes": self._cache_limit,
-            "values_are_str": self._values_are_str,
-            "input_values": self._input_values,
-            "level_offsets": self._level_offsets,
-            "vocab_size": self._vocab_size,
-            "vocab_fingerprint": self._vocab_fingerprint,
-            "eos_token_ids": self._eos_token_ids,
-            "eos": self._eos,
-            "compile_seconds": self._compile_seconds,
-        }
-        return (_restore_lazy, (state,))
+    _kind: ClassVar[str] = "lazy"
+    _ARRAYS: ClassVar[tuple[str, ...]] = (
+        "node_byte",
+        "node_word",
+        "child_blocks",
+        "terminal_blocks",
+        "terminal_values",
+        "value_nodes",
+        "level_offsets",
+    )
+    _TOKEN_ARRAYS: ClassVar[tuple[str, ...]] = ("children", "node_byte", "token_offsets", "token_ids")
+
+    def _meta(self) -> dict[str, Any]:
+        return {**super()._meta(), "cache_bytes": self._cache_limit, "set_fingerprint": self._set_fingerprint}
+
+    def _stored_arrays(self) -> dict[str, npt.NDArray[Any]]:
+        arrays = super()._stored_arrays()
+        arrays.update({f"token_{name}": getattr(self._token_trie, name) for name in self._TOKEN_ARRAYS})
+        return arrays
+
+    @classmethod
+    def _from_stored(cls, meta: dict[str, Any], arrays: dict[str, Any]) -> LazyTrieAutomaton:
+        token_trie = TokenTrie(**{name: arrays[f"token_{name}"] for name in cls._TOKEN_ARRAYS})
+        arguments = {**meta, "eos_token_ids": tuple(meta["eos_token_ids"])}
+        return cls(token_trie=token_trie, **{name: arrays[name] for name in cls._ARRAYS}, **arguments)
 
     def _arrays(self) -> list[npt.NDArray[Any]]:
         return [
@@ -469,5 +476,4 @@ class LazyTrieAutomaton(TrieAutomaton):
         )
 
 
-def _restore_lazy(state: dict[str, Any]) -> LazyTrieAutomaton:
-    return LazyTrieAutomaton(**state)
+register_kind(LazyTrieAutomaton)

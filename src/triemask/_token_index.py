@@ -24,12 +24,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from . import _kernels
+from . import _kernels, _storage
+from ._errors import AutomatonFileError
 from ._trie import build_trie
 from ._vocabulary import Vocabulary
 
@@ -123,6 +125,19 @@ class TokenIndex:
         "vocab",
     )
 
+    _SCALARS = ("num_nodes", "dense_levels", "hash_shift")
+    _ARRAYS = (
+        "first_token",
+        "has_children",
+        "dense",
+        "hash_table",
+        "level_offsets",
+        "byte_is_token",
+        "byte_in_token",
+        "child_offsets",
+        "node_byte",
+    )
+
     def __init__(self, vocab: Vocabulary) -> None:
         started = time.perf_counter()
         self.vocab = vocab
@@ -194,6 +209,79 @@ class TokenIndex:
         self.token_trie_value: TokenTrie | None = None  # the forward trie, made on first use
         self.token_trie_lock = threading.Lock()
         self.build_seconds = time.perf_counter() - started
+
+    @classmethod
+    def cached(cls, vocab: Vocabulary, directory: Path | None) -> tuple[TokenIndex, str]:
+        """The index of ``vocab``: read from ``directory`` (a file named by the vocabulary's
+        fingerprint, in triemask's file format) when there, else built and written there.
+        Returns the index and what happened (``"loaded"``, ``"built"``, ``"built, written"``,
+        or why the file was not used). A file that fails any check is rebuilt, never trusted."""
+        if directory is None:
+            return cls(vocab), "built"
+        path = directory / f"token-index-{vocab.fingerprint}.tmi"
+        note = "built"
+        if path.exists():
+            started = time.perf_counter()
+            try:
+                stored = _storage.read(path, kinds=("token_index",))
+                stored.check_vocabulary(vocab.fingerprint)
+                index = cls._from_stored(vocab, stored, started)
+            except (AutomatonFileError, KeyError, TypeError, ValueError) as error:
+                note = f"built (the cached file was not usable: {error})"
+            else:
+                return index, "loaded"
+        index = cls(vocab)
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            arrays = {name: getattr(index, name) for name in cls._ARRAYS}
+            if index.dup_tokens is not None and index.dup_offsets is not None:
+                arrays.update(dup_tokens=index.dup_tokens, dup_offsets=index.dup_offsets)
+            meta = {name: int(getattr(index, name)) for name in cls._SCALARS}
+            _storage.write(path, "token_index", meta, arrays, vocab_fingerprint=vocab.fingerprint, set_fingerprint="")
+        except OSError as error:  # a read-only or full disk: the index works, unsaved
+            return index, f"{note}, not written ({error.strerror or error})"
+        return index, f"{note}, written"
+
+    @classmethod
+    def _from_stored(cls, vocab: Vocabulary, stored: _storage.Stored, started: float) -> TokenIndex:
+        index = cls.__new__(cls)
+        index.vocab = vocab
+        for name in cls._SCALARS:
+            value = stored.meta[name]
+            if type(value) is not int or value < 0:
+                raise TypeError(f"{name} must be a non-negative integer")
+            setattr(index, name, value)
+        for name in cls._ARRAYS:
+            setattr(index, name, stored.arrays[name])
+        index.dup_tokens = stored.arrays.get("dup_tokens")
+        index.dup_offsets = stored.arrays.get("dup_offsets")
+        index._check()
+        index.native = None
+        index.token_trie_value = None
+        index.token_trie_lock = threading.Lock()
+        index.build_seconds = time.perf_counter() - started
+        return index
+
+    def _check(self) -> None:
+        """The invariants every lookup relies on (a loaded index is checked before use)."""
+        n = self.num_nodes
+        sizes = {"first_token": n + 1, "has_children": n + 1, "child_offsets": n + 2, "node_byte": n + 1}
+        for name, size in sizes.items():
+            if len(getattr(self, name)) != size:
+                raise ValueError(f"{name} has {len(getattr(self, name))} entries, not {size}")
+        if len(self.dense) % 256 or len(self.byte_is_token) != 256 or len(self.byte_in_token) != 256:
+            raise ValueError("the dense table or the byte tables have the wrong size")
+        if len(self.hash_table) & (len(self.hash_table) - 1) or not 0 < self.hash_shift < 64:
+            raise ValueError("the hash table's size is not a power of two")
+        if self.first_token.size and int(self.first_token.max()) >= self.vocab.vocab_size:
+            raise ValueError("a token id is outside the vocabulary")
+        if self.dense.size and (int(self.dense.min()) < 0 or int(self.dense.max()) > n):
+            raise ValueError("a dense transition is out of range")
+        used = self.hash_table[self.hash_table != _EMPTY]
+        if used.size and int((used & np.uint64(0xFFFFFFFF)).max()) > n:
+            raise ValueError("a hashed transition is out of range")
+        if (np.diff(self.child_offsets) < 0).any() or int(self.child_offsets[-1]) > n + 1:
+            raise ValueError("child offsets are not ascending within the trie")
 
     def token_trie(self) -> TokenTrie:
         """The forward trie of the text tokens (built on first use, for the lazy layout)."""

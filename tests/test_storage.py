@@ -1,0 +1,268 @@
+"""Saved automata: the file format, loading (read and memory-mapped), pickling through it,
+and every way a file can be wrong."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import byte_vocabulary
+from triemask import (
+    ArgumentTypeError,
+    AutomatonFileError,
+    Compiler,
+    DagAutomaton,
+    LazyTrieAutomaton,
+    Matcher,
+    TrieAutomaton,
+)
+
+VALUES = ["get_user", "get_users", "delete_user", "a", "", "é"]
+
+
+def compiled(layout: str) -> TrieAutomaton:
+    compiler = Compiler(byte_vocabulary([b"get", b"_user", b"us", b"er"]))
+    if layout == "regex":
+        return compiler.compile_regex(r"(19|20)[0-9]{2}-0[1-9]")
+    return compiler.compile(VALUES, layout=layout)
+
+
+def assert_equal_everywhere(a: TrieAutomaton, b: TrieAutomaton) -> None:
+    assert type(a) is type(b)
+    assert (a.num_states, a.num_values, a.vocab_fingerprint, a.eos) == (
+        b.num_states,
+        b.num_values,
+        b.vocab_fingerprint,
+        b.eos,
+    )
+    assert a.set_fingerprint == b.set_fingerprint
+    width = (a.vocab_size + 31) // 32
+    rows_a, rows_b = np.zeros((a.num_states, width), np.int32), np.zeros((a.num_states, width), np.int32)
+    a.fill_bitmask(rows_a, list(range(a.num_states)))
+    b.fill_bitmask(rows_b, list(range(b.num_states)))
+    assert np.array_equal(rows_a, rows_b)
+    for state in range(a.num_states):
+        allowed = a.allowed_token_ids(state)
+        assert np.array_equal(b.allowed_token_ids(state), allowed)
+        assert [b.next_state(state, t) for t in allowed.tolist()] == [a.next_state(state, t) for t in allowed.tolist()]
+        if not isinstance(a, DagAutomaton):  # a DAG's state does not name its text
+            assert b.value_of(state) == a.value_of(state)
+    if isinstance(a, DagAutomaton) and isinstance(b, DagAutomaton):
+        assert [b.value(i) for i in range(min(a.num_values, 50))] == [a.value(i) for i in range(min(a.num_values, 50))]
+    else:
+        assert b.values() == a.values()
+
+
+@pytest.mark.parametrize("layout", ["trie", "dag", "lazy", "regex"])
+@pytest.mark.parametrize("mmap", [True, False])
+def test_round_trips_are_equal_at_every_state(layout: str, mmap: bool, tmp_path: Path) -> None:
+    automaton = compiled(layout)
+    path = tmp_path / "set.tm"
+    automaton.save(path)
+    loaded = TrieAutomaton.load(path, vocab=byte_vocabulary([b"get", b"_user", b"us", b"er"]), mmap=mmap)
+    assert_equal_everywhere(automaton, loaded)
+    assert_equal_everywhere(automaton, pickle.loads(pickle.dumps(automaton)))
+    if isinstance(loaded, DagAutomaton):
+        assert loaded.pattern == automaton.pattern  # type: ignore[attr-defined]
+    matcher = Matcher(loaded)
+    assert matcher.accept_tokens(list(b"2019-0" if layout == "regex" else b"a")) == (6 if layout == "regex" else 1)
+    assert not list(tmp_path.glob("*.part"))  # written through a temporary name, then renamed
+
+
+def test_same_set_same_fingerprint_whatever_the_order_or_layout() -> None:
+    compiler = Compiler(byte_vocabulary())
+    a = compiler.compile(["b", "a", "c"])
+    b = compiler.compile(["c", "a", "b", "a"])
+    lazy = compiler.compile(["a", "c", "b"], layout="lazy")
+    assert a.set_fingerprint == b.set_fingerprint == lazy.set_fingerprint
+    assert compiler.compile(["a", "b"]).set_fingerprint != a.set_fingerprint
+    assert compiler.compile([b"a", b"b", b"c"]).set_fingerprint != a.set_fingerprint  # bytes are another set
+
+
+def test_loading_checks_the_vocabulary_and_the_kind(tmp_path: Path) -> None:
+    path = tmp_path / "set.tm"
+    compiled("trie").save(path)
+    with pytest.raises(AutomatonFileError, match="compiled for the vocabulary with fingerprint") as raised:
+        TrieAutomaton.load(path, vocab=byte_vocabulary())
+    assert raised.value.field == "vocab_fingerprint"
+    vocab = byte_vocabulary([b"get", b"_user", b"us", b"er"])
+    with pytest.raises(AutomatonFileError, match="holds a TrieAutomaton, not a LazyTrieAutomaton") as raised:
+        LazyTrieAutomaton.load(path, vocab=vocab)
+    assert raised.value.field == "kind"
+    with pytest.raises(ArgumentTypeError, match="load needs vocab="):
+        TrieAutomaton.load(path, vocab="qwen")
+    with pytest.raises(AutomatonFileError, match="cannot read file") as raised:
+        TrieAutomaton.load(tmp_path / "missing.tm", vocab=vocab)
+    assert raised.value.field == "file"
+
+
+def _rewrite_header(path: Path, change: dict[str, object]) -> None:
+    data = bytearray(path.read_bytes())
+    magic, version, length, _ = struct.unpack_from("<8sIII", data, 0)
+    header = json.loads(bytes(data[64 : 64 + length]))
+    header.update(change)
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode().ljust(length)  # JSON allows the padding
+    assert len(text) == length
+    struct.pack_into("<8sIII", data, 0, magic, version, length, zlib.crc32(text))
+    data[64 : 64 + length] = text
+    path.write_bytes(bytes(data))
+
+
+def test_newer_truncated_and_foreign_files_are_named(tmp_path: Path) -> None:
+    vocab = byte_vocabulary([b"get", b"_user", b"us", b"er"])
+    path = tmp_path / "set.tm"
+    compiled("trie").save(path)
+    original = path.read_bytes()
+
+    newer = bytearray(original)
+    struct.pack_into("<I", newer, 8, 99)
+    path.write_bytes(bytes(newer))
+    with pytest.raises(AutomatonFileError, match="format version 99, newer than this triemask reads") as raised:
+        TrieAutomaton.load(path, vocab=vocab)
+    assert raised.value.field == "format_version"
+
+    path.write_bytes(original[: len(original) - 100])
+    with pytest.raises(AutomatonFileError, match="truncated") as raised:
+        TrieAutomaton.load(path, vocab=vocab)
+    assert raised.value.field == "size"
+
+    path.write_bytes(b"PK\x03\x04" + original[4:])
+    with pytest.raises(AutomatonFileError, match="not a triemask file") as raised:
+        TrieAutomaton.load(path, vocab=vocab)
+
+    path.write_bytes(original)
+    _rewrite_header(path, {"kind": "graph"})
+    with pytest.raises(AutomatonFileError, match="holds a 'graph'"):
+        TrieAutomaton.load(path, vocab=vocab)
+
+    path.write_bytes(original)  # a valid checksum over arrays that do not fit together
+    data = bytearray(original)
+    header = json.loads(bytes(data[64 : 64 + struct.unpack_from("<I", data, 12)[0]]))
+    entry = header["arrays"]["edge_dests"]
+    dests = np.frombuffer(data, dtype=np.int32, count=entry["shape"][0], offset=entry["offset"]).copy()
+    dests[0] = 10**6
+    data[entry["offset"] : entry["offset"] + entry["nbytes"]] = dests.tobytes()
+    path.write_bytes(bytes(data))
+    _rewrite_header(
+        path, {"arrays": {**header["arrays"], "edge_dests": {**entry, "crc32": zlib.crc32(dests.tobytes())}}}
+    )
+    with pytest.raises(AutomatonFileError, match="arrays do not form an automaton") as raised:
+        TrieAutomaton.load(path, vocab=vocab)
+    assert raised.value.field == "arrays"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), layout=st.sampled_from(["trie", "dag", "lazy"]))
+def test_corrupt_files_are_refused_or_equal(data: st.DataObject, layout: str, tmp_path: Path) -> None:
+    """A fuzz over corrupt files: flipped, overwritten, cut or appended bytes anywhere. The load
+    either raises AutomatonFileError or (a change in padding) gives an automaton equal to the
+    original; never another exception, never a different automaton."""
+    automaton = compiled(layout)
+    path = tmp_path / f"fuzz-{layout}.tm"
+    automaton.save(path)
+    raw = bytearray(path.read_bytes())
+    for _ in range(data.draw(st.integers(1, 3))):
+        action = data.draw(st.sampled_from(["flip", "byte", "cut", "append"]))
+        if action == "cut" and raw:
+            raw = raw[: data.draw(st.integers(0, len(raw) - 1))]
+        elif action in ("append", "cut"):
+            raw += data.draw(st.binary(min_size=1, max_size=64))
+        elif raw:
+            at = data.draw(st.integers(0, len(raw) - 1))
+            raw[at] = (
+                raw[at] ^ (1 << data.draw(st.integers(0, 7))) if action == "flip" else data.draw(st.integers(0, 255))
+            )
+    path.write_bytes(bytes(raw))
+    vocab = byte_vocabulary([b"get", b"_user", b"us", b"er"])
+    try:
+        loaded = TrieAutomaton.load(path, vocab=vocab, mmap=data.draw(st.booleans()))
+    except AutomatonFileError:
+        return
+    assert_equal_everywhere(automaton, loaded)
+
+
+def test_two_processes_share_one_mapped_file(tmp_path: Path) -> None:
+    """Two processes map one file: each loads it and gets the same masks, and the file's pages
+    are shared between them (counted as shared, not private, memory in the second)."""
+    path = tmp_path / "shared.tm"
+    Compiler(byte_vocabulary()).compile([f"value_{i:06d}" for i in range(20_000)]).save(path)
+    script = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import numpy as np
+        from conftest import byte_vocabulary
+        from triemask import TrieAutomaton
+
+        def private_kb():
+            fields = dict(line.split(":", 1) for line in open("/proc/self/smaps_rollup").read().splitlines()[1:])
+            return sum(int(fields[k].split()[0]) for k in ("Private_Clean", "Private_Dirty"))
+
+        before = private_kb()
+        automaton = TrieAutomaton.load({str(path)!r}, vocab=byte_vocabulary())
+        mask = np.zeros((1, (automaton.vocab_size + 31) // 32), np.int32)
+        automaton.fill_bitmask(mask, [0])
+        print(private_kb() - before, int(np.count_nonzero(mask)), flush=True)
+        sys.stdin.readline()
+        """
+    )
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    first = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=environment
+    )
+    assert first.stdout is not None and first.stdin is not None
+    first_line = first.stdout.readline().split()
+    second = subprocess.run(
+        [sys.executable, "-c", script], input="\n", capture_output=True, text=True, env=environment, check=True
+    )
+    first.stdin.write("\n")
+    first.stdin.flush()
+    first.wait(timeout=60)
+    private_kb, words = (int(x) for x in second.stdout.split())
+    assert words == int(first_line[1]) > 0
+    size_kb = path.stat().st_size // 1024
+    assert private_kb < size_kb // 2, (private_kb, size_kb)  # the file's pages are shared, not copied
+
+
+def test_the_token_index_is_cached_on_disk(tmp_path: Path) -> None:
+    """A second Compiler for the same vocabulary loads the index from the cache folder and
+    compiles identically; a corrupt or foreign file is rebuilt, an unwritable folder skipped."""
+    vocab = byte_vocabulary([b"get", b"_user", b"us", b"er"])
+    first = Compiler(vocab, cache_dir=tmp_path)
+    assert first.stats()["source"] == "built, written"
+    (path,) = tmp_path.glob("token-index-*.tmi")
+    assert vocab.fingerprint in path.name
+    second = Compiler(vocab, cache_dir=tmp_path)
+    assert second.stats()["source"] == "loaded"
+    fresh = Compiler(vocab, disk_cache=False)
+    assert fresh.stats()["source"] == "built"
+    for layout in ("trie", "dag", "lazy"):
+        assert_equal_everywhere(fresh.compile(VALUES, layout=layout), second.compile(VALUES, layout=layout))
+
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    repaired = Compiler(vocab, cache_dir=tmp_path)
+    assert repaired.stats()["source"].startswith("built (the cached file was not usable: ")
+    assert repaired.stats()["source"].endswith(", written")
+    assert Compiler(vocab, cache_dir=tmp_path).stats()["source"] == "loaded"
+
+    other = byte_vocabulary([b"xy"])
+    path.rename(tmp_path / f"token-index-{other.fingerprint}.tmi")  # a file under another's name
+    assert Compiler(other, cache_dir=tmp_path).stats()["source"].startswith("built (the cached file was not usable")
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    assert "not written" in Compiler(vocab, cache_dir=blocked / "sub").stats()["source"]
