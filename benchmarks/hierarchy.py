@@ -74,11 +74,6 @@ def tool_question(name: str) -> str:
     return f"I need to {action} a {resource.replace('_', ' ')}{where}."
 
 
-def _render(tokenizer: Any, system: str, question: str) -> str:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": question}]
-    return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
-
-
 def _answer(model: Any, tokenizer: Any, automaton: TrieAutomaton, prompt: str, longest: int) -> dict[str, Any]:
     import torch
 
@@ -121,6 +116,8 @@ def run_task(
     question_vectors: np.ndarray,
     describe: Any,
 ) -> dict[str, Any]:
+    from triemask.integrations.transformers import render_prompt
+
     grouped = SYSTEM[task] + GROUPED
     hierarchies: dict[str, tuple[Hierarchy, str]] = {
         "hierarchy: prefix": (Hierarchy.by_prefix(values), grouped.format(what=GROUP_WHAT["prefix"])),
@@ -150,7 +147,7 @@ def run_task(
         longest = max(len(v.encode()) for v in rewritten)
         answers = []
         for question, expected in questions:
-            result = _answer(model, tokenizer, automaton, _render(tokenizer, system, question), longest)
+            result = _answer(model, tokenizer, automaton, render_prompt(tokenizer, question, system), longest)
             member = result["value"]
             if hierarchy is not None and member is not None:
                 member = hierarchy.member(member)
@@ -171,7 +168,7 @@ def run_task(
             last = allowed[-1] != NONE
             system = SYSTEM[task] + ("" if last else SHORTLIST.format(candidates=", ".join(allowed[:-1])))
             automaton = full if last else compiler.compile(allowed)
-            result = _answer(model, tokenizer, automaton, _render(tokenizer, system, question), longest + 16)
+            result = _answer(model, tokenizer, automaton, render_prompt(tokenizer, question, system), longest + 16)
             spent["seconds"] += result["seconds"]
             spent["allowed"] += result["allowed"]
             return result["value"] if result["value"] is not None else NONE

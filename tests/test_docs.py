@@ -39,7 +39,7 @@ def test_docstring_examples(module: str) -> None:
 
 
 def test_cli_demo_runs(capsys: pytest.CaptureFixture[str]) -> None:
-    from triemask._cli import main
+    from triemask.app.cli import main
 
     main(["walk", "--values", "300", "--walks", "3"])
     out = capsys.readouterr().out

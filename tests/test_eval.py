@@ -9,7 +9,8 @@ import pytest
 
 from conftest import byte_level_tokenizer, tiny_causal_lm
 from triemask import datasets
-from triemask._eval import Settings, answer_line, match_label, stratified_sample, tool_catalogue, tool_request
+from triemask.app.evaluation import Settings, answer_line, match_label, stratified_sample, tool_request
+from triemask.datasets import tool_catalogue
 
 LABELS = ["LOC:city", "LOC:other", "HUM:ind", "NUM:date", "no", "yes"]
 
@@ -90,7 +91,7 @@ pytest.importorskip("transformers")
 
 
 def test_a_shared_prefix_cache_changes_nothing_but_the_work() -> None:
-    from triemask.integrations._shared_prefix import SharedPrefixGenerator
+    from triemask.app.shared_prefix import SharedPrefixGenerator
     from triemask.integrations.transformers import compiler_for
 
     tokenizer = byte_level_tokenizer()
@@ -110,7 +111,7 @@ def test_a_shared_prefix_cache_changes_nothing_but_the_work() -> None:
 
 
 def test_a_whole_evaluation_on_a_tiny_model_keeps_every_constrained_answer_valid() -> None:
-    from triemask._eval import METHODS, evaluate, plot, to_markdown
+    from triemask.app.evaluation import METHODS, evaluate, plot, to_markdown
 
     tokenizer = byte_level_tokenizer()
     model = tiny_causal_lm(len(tokenizer), 0)  # type: ignore[arg-type]
@@ -142,7 +143,7 @@ def test_a_whole_evaluation_on_a_tiny_model_keeps_every_constrained_answer_valid
 
 @pytest.mark.model
 def test_the_demo_answers_every_question_with_a_member(capsys: pytest.CaptureFixture[str]) -> None:
-    from triemask._demo import demo
+    from triemask.app.demo import demo
 
     demo(limit=None)
     out = capsys.readouterr().out
@@ -152,7 +153,7 @@ def test_the_demo_answers_every_question_with_a_member(capsys: pytest.CaptureFix
 def test_demo_and_eval_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from triemask._cli import main
+    from triemask.app.cli import main
 
     monkeypatch.setitem(sys.modules, "rich", None)  # as if the [demo] extra were missing
     for command in (["demo"], ["eval", "--per-dataset", "1"]):

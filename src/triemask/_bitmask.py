@@ -13,9 +13,9 @@ import numpy.typing as npt
 
 from ._errors import ArgumentTypeError, BitmaskError, integer
 
-__all__ = ["allocate_token_bitmask", "as_bitmask_array", "bitmask_width"]
+__all__ = ["INT32", "allocate_token_bitmask", "as_bitmask_array", "bitmask_width"]
 
-_INT32 = np.dtype(np.int32)
+INT32 = np.dtype(np.int32)  # the bitmask dtype, compared by identity on the per-step path
 
 
 def bitmask_width(vocab_size: int) -> int:
@@ -50,7 +50,7 @@ def as_bitmask_array(bitmask: Any, vocab_size: int) -> npt.NDArray[np.int32]:
     ``bitmask``, so writing it writes the caller's buffer.
     """
     width = (vocab_size + 31) // 32
-    if type(bitmask) is np.ndarray and bitmask.dtype is _INT32 and bitmask.ndim == 2:
+    if type(bitmask) is np.ndarray and bitmask.dtype is INT32 and bitmask.ndim == 2:
         flags = bitmask.flags  # one flags object for both checks
         if bitmask.shape[1] == width and flags.c_contiguous and flags.writeable:
             return bitmask  # the common case, checked cheaply

@@ -28,7 +28,7 @@ import numpy.typing as npt
 from . import _kernels
 from ._automaton import DEAD, TrieAutomaton, dense_threshold, register_kind, set_bits, state_index
 from ._bitmask import bitmask_width
-from ._errors import ValueIndexError
+from ._errors import ArgumentTypeError, ValueIndexError
 from ._token_index import TokenTrie
 from ._trie import ByteTrie
 
@@ -357,6 +357,10 @@ class LazyTrieAutomaton(TrieAutomaton):
         ends = np.cumsum(counts, dtype=np.int64)
         first = ends - np.asarray(counts, dtype=np.int64)
         return first[inverse], ends[inverse], np.concatenate(tokens), np.concatenate(dests)
+
+    def edge_arrays(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """Not available: the lazy layout stores no edges (raises ArgumentTypeError)."""
+        raise ArgumentTypeError("a lazy automaton stores no edge arrays: compile the set with layout='trie'")
 
     def _dense_index(self, nodes: npt.NDArray[Any], counts: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
         return np.full(len(nodes), -1, dtype=np.intp)

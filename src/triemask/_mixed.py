@@ -67,6 +67,7 @@ __all__ = [
     "Configuration",
     "SchemaMatcher",
     "allowed_token_rows",
+    "configurations_after",
     "fill_next_token_bitmasks",
 ]
 
@@ -1040,3 +1041,10 @@ def allowed_token_rows(
     ended = np.setdiff1d(np.arange(len(matchers)), np.asarray(filled, dtype=np.int64))
     allowed[np.repeat(ended, len(eos)), np.tile(eos, len(ended))] = True
     return allowed
+
+
+def configurations_after(schema: CompiledSchema, data: bytes) -> list[Configuration]:
+    """Every reading of ``schema`` after the bytes ``data`` from its start (for a tool's
+    arguments entered from a tool call: ``_tools.CompiledTools``)."""
+    start = schema._initial()[0]
+    return schema._feed(start[1], data, b"")

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._errors import ArgumentTypeError, SchemaError, integer
-from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, Configuration
+from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, Configuration, configurations_after
 from ._schema import json_texts
 
 if TYPE_CHECKING:
@@ -213,8 +213,7 @@ class CompiledTools(CompiledSchema):
         text = self._fields[k].automaton.value_of(node)
         assert isinstance(text, bytes)
         arguments = self.arguments_schema(self._by_text[text])
-        start = arguments._initial()[0]
-        return arguments._feed(start[1], bytes(value_start) + b'""', b"")
+        return configurations_after(arguments, bytes(value_start) + b'""')
 
     def __repr__(self) -> str:
         return f"CompiledTools({len(self._tools)} tools, vocab_size={self.vocab_size})"

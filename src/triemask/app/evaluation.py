@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import datasets
+from .. import datasets
 
 # Appendix C.1, verbatim.
 PE_PROMPT = (
@@ -145,20 +145,6 @@ _REQUESTS = {
 }
 
 
-def tool_catalogue(k: int) -> tuple[list[str], list[str], list[str], list[str]]:
-    """A complete registry of exactly ``k`` names (a multiple of 100, 200 to 10,000):
-    the paper's 10 actions x 10 resources, un-namespaced and under ``k / 100 - 1``
-    namespaces (the paper's ten first). Returns (names, namespaces, actions, resources)."""
-    if k % 100 or not 200 <= k <= 10_000:
-        raise ValueError(f"k must be a multiple of 100 in [200, 10000], got {k}")
-    from .datasets import _ACTIONS, _MORE_NAMESPACES, _NAMESPACES, _RESOURCES
-
-    namespaces = [*_NAMESPACES, *_MORE_NAMESPACES][: k // 100 - 1]
-    names = [f"{n}.{a}_{r}" for n in namespaces for a in _ACTIONS for r in _RESOURCES]
-    names += [f"{a}_{r}" for a in _ACTIONS for r in _RESOURCES]
-    return names, namespaces, list(_ACTIONS), list(_RESOURCES)
-
-
 def tool_request(name: str) -> str:
     """A plain-language request that the tool ``name`` answers."""
     namespace, _, rest = name.rpartition(".")
@@ -186,7 +172,7 @@ class Settings:
             if name not in datasets.LABEL_SETS:
                 raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(datasets.LABEL_SETS)}")
         for k in self.tool_k:
-            tool_catalogue(k)  # raises for a K it cannot build
+            datasets.tool_catalogue(k)  # raises for a K it cannot build
         counts = {"per_k": self.per_k, "think_tokens": self.think_tokens, "answer_tokens": self.answer_tokens}
         if self.per_dataset is not None:
             counts["per_dataset"] = self.per_dataset
@@ -206,8 +192,8 @@ def evaluate(
     """
     import torch
 
-    from .integrations._shared_prefix import SharedPrefixGenerator
-    from .integrations.transformers import _render, compiler_for
+    from ..integrations.transformers import compiler_for, render_prompt
+    from .shared_prefix import SharedPrefixGenerator
 
     steps = progress or (lambda _description, total: iter(range(total)))
     compiler = compiler_for(model, tokenizer)
@@ -215,7 +201,7 @@ def evaluate(
     mask_steps, mask_seconds = 0, 0.0
 
     def render(prompt: str) -> str:
-        return _render(tokenizer, prompt, None)
+        return render_prompt(tokenizer, prompt, None)
 
     table6: dict[str, Any] = {}
     for name in settings.datasets:
@@ -262,7 +248,7 @@ def evaluate(
 
     table16: dict[str, Any] = {}
     for k in settings.tool_k:
-        names, namespaces, actions, resources = tool_catalogue(k)
+        names, namespaces, actions, resources = datasets.tool_catalogue(k)
         automaton = compiler.compile(names)
         longest = max(len(name.encode()) for name in names)
         prompt_prefix = TOOL_PROMPT.format(
@@ -304,12 +290,12 @@ def _unconstrained(generator: Any, prompt: str, labels: Sequence[str], max_new_t
 
 
 def _constrained(generator: Any, prompt: str, automaton: Any, longest: int) -> tuple[Outcome, tuple[int, float]]:
-    from .integrations.transformers import _spelled
+    from ..integrations.transformers import spelled_value
 
     t0 = time.perf_counter()
     generation = generator.generate(prompt, automaton=automaton, max_new_tokens=longest + 1)  # a token >= 1 byte
     seconds = time.perf_counter() - t0
-    value = _spelled(automaton, generation.tokens)
+    value = spelled_value(automaton, generation.tokens)
     outcome = Outcome(output=generation.text, prediction=value, valid=value is not None, seconds=seconds)
     return outcome, (generation.mask_steps, generation.mask_seconds)
 

@@ -19,7 +19,7 @@ import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from .._automaton import TrieAutomaton
-from .transformers import TrieLogitsProcessor, _eos_token_ids, compiler_for
+from ..integrations.transformers import TrieLogitsProcessor, compiler_for, model_eos_token_ids
 
 
 @dataclass
@@ -50,7 +50,7 @@ class SharedPrefixGenerator:
 
     def __init__(self, model: Any, tokenizer: Any, prefix: str) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self.eos = _eos_token_ids(model, tokenizer)
+        self.eos = model_eos_token_ids(model, tokenizer)
         ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
         self._prefix_ids: list[int] = ids[: max(0, len(ids) - self._MARGIN)]
         # transformers 5 renamed generate's past_key_values to cache

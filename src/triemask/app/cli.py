@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from . import Compiler, Matcher, Vocabulary, allocate_token_bitmask
-from .datasets import LABEL_SETS, synthetic_tools
+from .. import Compiler, Matcher, Vocabulary, allocate_token_bitmask
+from ..datasets import LABEL_SETS, synthetic_tools
 
 QWEN_VOCAB_SIZE = 151936  # Qwen2 / 2.5 models' logits width
 
@@ -105,7 +105,7 @@ def _progress() -> Any:
 
 def run_eval(args: argparse.Namespace) -> None:
     """Tables 6 and 16 on the default model; results to stdout and, with --out, files."""
-    from ._eval import Settings, evaluate, plot, to_markdown
+    from .evaluation import Settings, evaluate, plot, to_markdown
 
     try:
         settings = Settings(
@@ -121,7 +121,7 @@ def run_eval(args: argparse.Namespace) -> None:
     display, steps = _progress()
     with display:
         task = display.add_task("loading SmolLM2-135M-Instruct", total=None)
-        from .integrations.transformers import load_default_model
+        from .model import load_default_model
 
         model, tokenizer = load_default_model()
         display.remove_task(task)
@@ -139,7 +139,7 @@ def run_eval(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    from . import _eval
+    from . import evaluation as settings
 
     parser = argparse.ArgumentParser(prog="triemask", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -153,16 +153,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     walk.add_argument("--seed", type=int, default=0)
     evaluation = commands.add_parser("eval", help="accuracy and validity on SmolLM2-135M (paper, Tables 6 and 16)")
     evaluation.add_argument("--out", help="folder for eval.json, eval.md and eval.png")
-    evaluation.add_argument("--datasets", nargs="+", default=list(_eval.Settings.datasets), choices=LABEL_SETS)
+    evaluation.add_argument("--datasets", nargs="+", default=list(settings.Settings.datasets), choices=LABEL_SETS)
     evaluation.add_argument(
-        "--per-dataset", type=_positive, default=_eval.Settings.per_dataset, help="stratified sample size"
+        "--per-dataset", type=_positive, default=settings.Settings.per_dataset, help="stratified sample size"
     )
     evaluation.add_argument("--full", action="store_true", help="every test row (about 11,000; many hours on a CPU)")
     evaluation.add_argument(
-        "--tool-k", type=_positive, nargs="*", default=list(_eval.TOOL_K), help="Table 16 set sizes"
+        "--tool-k", type=_positive, nargs="*", default=list(settings.TOOL_K), help="Table 16 set sizes"
     )
-    evaluation.add_argument("--per-k", type=_positive, default=_eval.Settings.per_k, help="requests per K")
-    evaluation.add_argument("--think-tokens", type=_positive, default=_eval.Settings.think_tokens)
+    evaluation.add_argument("--per-k", type=_positive, default=settings.Settings.per_k, help="requests per K")
+    evaluation.add_argument("--think-tokens", type=_positive, default=settings.Settings.think_tokens)
     evaluation.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "walk":
@@ -172,7 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         import rich  # noqa: F401  the progress bars and tables of demo and eval
 
         if args.command == "demo":
-            from ._demo import demo
+            from .demo import demo
 
             demo(args.questions)
         else:
