@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from ._automaton import DEAD, DagAutomaton, TrieAutomaton
 from ._bitmask import allocate_token_bitmask, bitmask_width
+from ._cache import DEFAULT_COMPILE_CACHE_BYTES, CompileCache, default_compile_cache, values_fingerprint
 from ._compile import Compiler
 from ._errors import (
     ArgumentTypeError,
@@ -67,11 +68,13 @@ def __getattr__(name: str) -> object:
 __all__ = [
     "DEAD",
     "DEFAULT_CACHE_BYTES",
+    "DEFAULT_COMPILE_CACHE_BYTES",
     "DEFAULT_MIN_ENUM_VALUES",
     "FORMATS",
     "ArgumentTypeError",
     "AutomatonFileError",
     "BitmaskError",
+    "CompileCache",
     "CompiledSchema",
     "CompiledTools",
     "Compiler",
@@ -94,5 +97,7 @@ __all__ = [
     "__version__",
     "allocate_token_bitmask",
     "bitmask_width",
+    "default_compile_cache",
     "fill_next_token_bitmasks",
+    "values_fingerprint",
 ]

@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -33,7 +32,9 @@ from typing import Any
 import numpy as np
 
 from .._automaton import TrieAutomaton
+from .._cache import CompileCache
 from .._compile import Compiler
+from .._errors import ValueSetError
 from .._mixed import CompiledSchema, SchemaMatcher, allowed_token_rows
 from .._vocabulary import Vocabulary
 
@@ -421,7 +422,9 @@ class SetCompileError(Exception):
 
 
 class CompiledSets:
-    """Compile sets on first sight; keep them in an LRU bounded in bytes.
+    """Compile sets on first sight, through the core :class:`~triemask.CompileCache`
+    (bounded in bytes, keyed by vocabulary and set fingerprint: a set reordered or with
+    duplicates is one entry), with each set's arrays on the engine's device.
 
     Parameters
     ----------
@@ -440,26 +443,32 @@ class CompiledSets:
     def __init__(self, compiler: Compiler, device: Any, max_bytes: int | None = None) -> None:
         self.compiler = compiler
         self.device = device
-        self.max_bytes = int(os.environ.get(CACHE_BYTES_ENV, DEFAULT_CACHE_BYTES)) if max_bytes is None else max_bytes
-        self._entries: OrderedDict[str, CompiledSet] = OrderedDict()
-        self._pinned: dict[str, CompiledSet] = {}
-        self._failures: OrderedDict[str, str] = OrderedDict()
+        self.cache = CompileCache(max_bytes)
+        self._pinned: dict[Any, CompiledSet] = {}
+        self._failures: OrderedDict[Any, str] = OrderedDict()
         self._lock = threading.Lock()
         self._ended: CompiledSet | None = None
-        self.nbytes = 0
 
-    @staticmethod
-    def key(values: Sequence[str]) -> str:
-        digest = hashlib.sha256()
-        for value in values:
-            encoded = value.encode("utf-8", "surrogatepass")
-            digest.update(len(encoded).to_bytes(8, "little"))
-            digest.update(encoded)
-        return digest.hexdigest()
+    @property
+    def max_bytes(self) -> int:
+        return self.cache.max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the cached sets (the pinned ones excluded)."""
+        return int(self.cache.stats()["bytes"])
 
     # What an entry holds besides its arrays (Python and tensor objects, allocator slack):
     # measured at about 20 KiB per set in resident memory, 7x the arrays of a small set.
     ENTRY_OVERHEAD = 24 << 10
+
+    def _key(self, request: Sequence[str] | SchemaRequest | PatternRequest) -> tuple[Any, ...]:
+        vocab = self.compiler.vocab.fingerprint
+        if isinstance(request, SchemaRequest):
+            return ("schema", vocab, request.kind, request.text)
+        if isinstance(request, PatternRequest):
+            return ("regex", vocab, request.pattern, str(self.device))
+        return ("set", vocab, self.cache.set_key(self.compiler, request), str(self.device))
 
     def _compile(self, values: Sequence[str] | PatternRequest) -> CompiledSet:
         """A set (or a finite pattern) compiled, with its arrays on the device."""
@@ -484,23 +493,25 @@ class CompiledSets:
     def get(self, values: Sequence[str] | SchemaRequest | PatternRequest) -> CompiledSet:
         """The compiled set (or schema, or pattern); raises :class:`SetCompileError` (with
         the reason) for one that cannot be compiled, now or at an earlier request."""
-        if isinstance(values, SchemaRequest):
-            key = self.key([values.kind, values.text])
-        elif isinstance(values, PatternRequest):
-            key = self.key([REGEX_ARG, values.pattern])
-        else:
-            key = self.key(values)
+        try:
+            key = self._key(values)
+        except ValueSetError as error:  # not a set of strings: admission checks make this rare
+            raise SetCompileError(f"{type(error).__name__}: {error}"[:500]) from error
         with self._lock:
-            entry = self._pinned.get(key) or self._entries.get(key)
-            if entry is not None:
-                if key in self._entries:
-                    self._entries.move_to_end(key)
-                return entry
+            pinned = self._pinned.get(key)
             failure = self._failures.get(key)
+        if pinned is not None:
+            return pinned
         if failure is not None:
             raise SetCompileError(failure)
+
+        def build() -> CompiledSet:
+            if isinstance(values, SchemaRequest):
+                return self._compile_schema(values)
+            return self._compile(values)
+
         try:
-            entry = self._compile_schema(values) if isinstance(values, SchemaRequest) else self._compile(values)
+            return self.cache.get(key, build, lambda entry: entry.nbytes)
         except Exception as error:
             message = f"{type(error).__name__}: {error}"[:500]
             with self._lock:
@@ -508,18 +519,10 @@ class CompiledSets:
                 while len(self._failures) > self._MAX_FAILURES:
                     self._failures.popitem(last=False)
             raise SetCompileError(message) from error
-        with self._lock:
-            if key not in self._entries:
-                self._entries[key] = entry
-                self.nbytes += entry.nbytes
-            while self.nbytes > self.max_bytes and len(self._entries) > 1:
-                _, evicted = self._entries.popitem(last=False)
-                self.nbytes -= evicted.nbytes
-            return self._entries.get(key, entry)
 
     def pin(self, values: Sequence[str]) -> CompiledSet:
         """Compile ``values`` now and keep them for the life of the process (raises on failure)."""
-        key = self.key(values)
+        key = self._key(values)
         with self._lock:
             entry = self._pinned.get(key)
         if entry is None:
@@ -535,7 +538,7 @@ class CompiledSets:
         return self._ended
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.cache)
 
 
 def compile_registered(sets: CompiledSets) -> None:

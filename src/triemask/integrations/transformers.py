@@ -12,7 +12,9 @@ then one gather and one scatter, so the cost follows the allowed tokens, not the
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -20,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .._automaton import DEAD, DagAutomaton, TrieAutomaton
+from .._cache import default_compile_cache
 from .._compile import Compiler
 from .._errors import ArgumentTypeError, BitmaskError, StateError, VocabularyError
 from .._mixed import CompiledSchema, SchemaMatcher, allowed_token_rows
@@ -230,7 +233,10 @@ def _step(matcher: SchemaMatcher | None, token: int) -> SchemaMatcher | None:
     return matcher if matcher.accept_token(token) else None
 
 
-_COMPILERS: dict[str, Compiler] = {}  # per vocabulary fingerprint: the index is built once
+# per vocabulary fingerprint: the index is built once (a few models per process: bounded by count)
+_COMPILERS: OrderedDict[str, Compiler] = OrderedDict()
+_MAX_COMPILERS = 8
+_COMPILERS_LOCK = threading.Lock()
 
 
 def choose(
@@ -277,7 +283,7 @@ def choose(
     members = set(allowed)
     if leading_space:
         allowed += [" " + value for value in allowed]
-    automaton = compiler_for(model, tokenizer).compile(allowed)
+    automaton = default_compile_cache().compile(compiler_for(model, tokenizer), allowed)
     longest = max(len(value.encode()) for value in allowed)
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": longest + 1}  # a token spells >= 1 byte
     options.update(generate_kwargs)
@@ -403,9 +409,17 @@ def compiler_for(model: Any, tokenizer: Any) -> Compiler:
     vocab = Vocabulary.from_huggingface(
         tokenizer, vocab_size=_logits_width(model), eos_token_ids=model_eos_token_ids(model, tokenizer)
     )
-    if vocab.fingerprint not in _COMPILERS:
-        _COMPILERS[vocab.fingerprint] = Compiler(vocab)
-    return _COMPILERS[vocab.fingerprint]
+    with _COMPILERS_LOCK:
+        compiler = _COMPILERS.get(vocab.fingerprint)
+        if compiler is not None:
+            _COMPILERS.move_to_end(vocab.fingerprint)
+            return compiler
+    compiler = Compiler(vocab)  # outside the lock: building an index takes a while
+    with _COMPILERS_LOCK:
+        compiler = _COMPILERS.setdefault(vocab.fingerprint, compiler)
+        while len(_COMPILERS) > _MAX_COMPILERS:
+            _COMPILERS.popitem(last=False)
+    return compiler
 
 
 def render_prompt(tokenizer: Any, prompt: str, system: str | None) -> str:

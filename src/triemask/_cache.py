@@ -1,0 +1,302 @@
+"""One compile cache for a process: compiled sets kept by vocabulary and set fingerprint.
+
+Every adapter (transformers, vLLM, SGLang) compiles through a :class:`CompileCache`, so
+that a set requested again, in any order and with any duplicates, is compiled once. The
+cache is bounded in bytes (least recently used first out; a single entry larger than the
+bound is returned, not kept), thread-safe (a set requested by several threads at once is
+compiled once: the others wait for it), and may keep a second tier on disk in triemask's
+file format (also bounded), so that a restarted process maps what an earlier one compiled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+
+from ._automaton import TrieAutomaton, set_fingerprint
+from ._compile import Compiler
+from ._errors import ArgumentTypeError, AutomatonFileError, ValueSetError, integer
+
+__all__ = ["DEFAULT_COMPILE_CACHE_BYTES", "CompileCache", "default_compile_cache", "values_fingerprint"]
+
+DEFAULT_COMPILE_CACHE_BYTES = 1 << 30
+"""The default bound of a :class:`CompileCache` in memory (1 GiB; ``$TRIEMASK_CACHE_BYTES``)."""
+
+_ALIASES = 65_536  # exact request -> set fingerprint, remembered (about 200 bytes each)
+_T = TypeVar("_T")
+
+
+def values_fingerprint(values: Iterable[str] | Iterable[bytes]) -> str:
+    """The :attr:`~triemask.TrieAutomaton.set_fingerprint` a set will have, without compiling
+    it: a hash of its distinct values in sorted byte order (order and duplicates do not
+    matter). Raises ValueSetError for what ``compile`` would refuse as a set of values."""
+    items: list[Any] | tuple[Any, ...] = values if isinstance(values, list | tuple) else list(values)
+    if not items:
+        raise ValueSetError("cannot compile an empty set of values")
+    are_str = isinstance(items[0], str)
+    try:
+        encoded = sorted({v.encode("utf-8") for v in items} if are_str else {bytes(v) for v in items})
+    except (AttributeError, TypeError, UnicodeEncodeError) as error:
+        raise ValueSetError(f"values must be all str or all bytes: {error}") from None
+    if not all(isinstance(v, str if are_str else bytes | bytearray) for v in items):
+        raise ValueSetError("values must be all str or all bytes, not a mix")
+    starts = np.zeros(len(encoded) + 1, dtype=np.int64)
+    np.cumsum([len(v) for v in encoded], out=starts[1:])
+    return set_fingerprint(np.frombuffer(b"".join(encoded), dtype=np.uint8), starts, are_str)
+
+
+def _exact_key(values: Sequence[Any]) -> str | None:
+    """A key of the values in their given order (cheap), or None when they are not all str."""
+    if not all(type(v) is str for v in values):
+        return None
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(len(values).to_bytes(8, "little"))
+    digest.update("\x00".join(values).encode("utf-8", "surrogatepass"))
+    digest.update(np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values)).tobytes())
+    return digest.hexdigest()
+
+
+class CompileCache:
+    """Compiled sets (and anything else an adapter builds per request), bounded in bytes.
+
+    Parameters
+    ----------
+    max_bytes : int, optional
+        The bound in memory: default ``$TRIEMASK_CACHE_BYTES``, else 1 GiB. An entry's size
+        is the automaton's ``memory_bytes`` (or what the adapter declares).
+    directory : str or path, optional
+        A second tier on disk: compiled sets are saved there (triemask's file format, named by
+        vocabulary and set fingerprint) and mapped back by later processes. None: memory only.
+    max_disk_bytes : int
+        The bound of the disk tier (default 4 GiB); the least recently written files go first.
+
+    Examples
+    --------
+    >>> from triemask import CompileCache, Compiler, Vocabulary
+    >>> compiler = Compiler(Vocabulary([b"a", b"b", None], eos_token_ids=2), disk_cache=False)
+    >>> cache = CompileCache()
+    >>> first = cache.compile(compiler, ["a", "b"])
+    >>> cache.compile(compiler, ["b", "a", "a"]) is first  # the same set
+    True
+    >>> cache.stats()["hits"], cache.stats()["misses"]
+    (1, 1)
+    """
+
+    def __init__(
+        self,
+        max_bytes: int | None = None,
+        *,
+        directory: str | os.PathLike[str] | None = None,
+        max_disk_bytes: int = 4 << 30,
+    ) -> None:
+        if max_bytes is None:
+            max_bytes = int(os.environ.get("TRIEMASK_CACHE_BYTES", DEFAULT_COMPILE_CACHE_BYTES))
+        self.max_bytes = integer(max_bytes, "max_bytes", ValueSetError, "a non-negative integer")
+        self.max_disk_bytes = integer(max_disk_bytes, "max_disk_bytes", ValueSetError, "a non-negative integer")
+        if self.max_bytes < 0 or self.max_disk_bytes < 0:
+            raise ValueSetError(f"cache bounds must be non-negative, got {max_bytes} and {max_disk_bytes}")
+        self.directory = Path(directory) if directory is not None else None
+        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._aliases: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._pending: dict[Hashable, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._bytes = 0
+        self._counts = {"hits": 0, "misses": 0, "evictions": 0, "not_kept": 0, "disk_hits": 0, "disk_writes": 0}
+        self._compile_seconds = 0.0
+
+    # ------------------------------------------------------------------ sets
+
+    def set_key(self, compiler: Compiler, values: Sequence[str] | Sequence[bytes]) -> str:
+        """The set fingerprint of ``values`` (see :func:`values_fingerprint`), remembered by
+        their exact order so that a request repeated as is costs one hash, not a sort."""
+        exact = _exact_key(values)
+        if exact is not None:
+            with self._lock:
+                known = self._aliases.get((compiler.vocab.fingerprint, exact))
+                if known is not None:
+                    self._aliases.move_to_end((compiler.vocab.fingerprint, exact))
+                    return known
+        fingerprint = values_fingerprint(values)
+        if exact is not None:
+            with self._lock:
+                self._aliases[(compiler.vocab.fingerprint, exact)] = fingerprint
+                while len(self._aliases) > _ALIASES:
+                    self._aliases.popitem(last=False)
+        return fingerprint
+
+    def compile(
+        self,
+        compiler: Compiler,
+        values: Iterable[str] | Iterable[bytes],
+        *,
+        eos: bool = True,
+        layout: str = "trie",
+        max_bytes: int | None = None,
+    ) -> TrieAutomaton:
+        """``compiler.compile(values, eos=eos, layout=layout)``, or the automaton compiled
+        earlier for the same set (in memory, else on disk); errors are the compiler's."""
+        if not isinstance(compiler, Compiler):
+            raise ArgumentTypeError(
+                f"CompileCache.compile needs a triemask.Compiler, got {type(compiler).__qualname__}"
+            )
+        items: Any = values if isinstance(values, list | tuple) else list(values)
+        try:
+            fingerprint = self.set_key(compiler, items)
+        except ValueSetError:
+            return compiler.compile(items, eos=eos, layout=layout, max_bytes=max_bytes)  # raises the typed error
+        key = ("set", compiler.vocab.fingerprint, fingerprint, bool(eos), layout)
+
+        def build() -> TrieAutomaton:
+            found = self._from_disk(key, compiler)
+            if found is not None:
+                return found
+            automaton = compiler.compile(items, eos=eos, layout=layout, max_bytes=max_bytes)
+            self._to_disk(key, automaton)
+            return automaton
+
+        return self.get(key, build, lambda automaton: automaton.memory_bytes)
+
+    # ------------------------------------------------------------------ any entry
+
+    def get(self, key: Hashable, build: Callable[[], _T], size: Callable[[_T], int]) -> _T:
+        """The entry under ``key``, built by ``build()`` on a miss (once, however many threads
+        ask at the same time) and kept when ``size(entry)`` fits the bound."""
+        while True:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    self._entries.move_to_end(key)
+                    self._counts["hits"] += 1
+                    found: _T = entry[0]
+                    return found
+                waiting = self._pending.get(key)
+                if waiting is None:
+                    self._pending[key] = threading.Event()
+                    self._counts["misses"] += 1
+                    break
+            waiting.wait()  # another thread builds it; then look again (it may not have been kept)
+            with self._lock:
+                if key not in self._entries and key not in self._pending:
+                    self._pending[key] = threading.Event()
+                    self._counts["misses"] += 1
+                    break
+        try:
+            started = time.perf_counter()
+            built = build()
+            nbytes = int(size(built))
+            with self._lock:
+                self._compile_seconds += time.perf_counter() - started
+                if nbytes <= self.max_bytes:
+                    self._entries[key] = (built, nbytes)
+                    self._bytes += nbytes
+                    while self._bytes > self.max_bytes:
+                        _, (_, evicted) = self._entries.popitem(last=False)
+                        self._bytes -= evicted
+                        self._counts["evictions"] += 1
+                else:
+                    self._counts["not_kept"] += 1
+            return built
+        finally:
+            with self._lock:
+                self._pending.pop(key).set()
+
+    # ------------------------------------------------------------------ disk
+
+    def _path(self, key: tuple[Any, ...]) -> Path | None:
+        if self.directory is None:
+            return None
+        name = hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
+        return self.directory / f"set-{name}.tm"
+
+    def _from_disk(self, key: tuple[Any, ...], compiler: Compiler) -> TrieAutomaton | None:
+        path = self._path(key)
+        if path is None or not path.exists():
+            return None
+        try:
+            automaton = TrieAutomaton.load(path, vocab=compiler.vocab)
+        except AutomatonFileError:  # corrupt or foreign: compiled again, and replaced
+            return None
+        if automaton.set_fingerprint != key[2] or automaton.eos != key[3]:
+            return None
+        with self._lock:
+            self._counts["disk_hits"] += 1
+        return automaton
+
+    def _to_disk(self, key: tuple[Any, ...], automaton: TrieAutomaton) -> None:
+        path = self._path(key)
+        if path is None or automaton.memory_bytes > self.max_disk_bytes:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            automaton.save(path)
+            self._trim_disk()
+        except OSError:  # a full or read-only disk: the memory tier still works
+            return
+        with self._lock:
+            self._counts["disk_writes"] += 1
+
+    def _trim_disk(self) -> None:
+        if self.directory is None:
+            return
+        files = sorted(self.directory.glob("set-*.tm"), key=lambda p: p.stat().st_mtime)
+        total = sum(p.stat().st_size for p in files)
+        for oldest in files:
+            if total <= self.max_disk_bytes:
+                break
+            total -= oldest.stat().st_size
+            oldest.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ description
+
+    def stats(self) -> dict[str, Any]:
+        """``entries``, ``bytes`` (and ``max_bytes``), ``hits``, ``misses``, ``evictions``,
+        ``not_kept`` (entries larger than the bound), ``disk_hits``, ``disk_writes``,
+        ``compile_seconds`` (spent building entries), and the disk tier's ``directory``."""
+        with self._lock:
+            return {
+                "entries": len(self._entries),
+                "bytes": self._bytes,
+                "max_bytes": self.max_bytes,
+                **self._counts,
+                "compile_seconds": self._compile_seconds,
+                "directory": None if self.directory is None else str(self.directory),
+            }
+
+    def clear(self, *, disk: bool = False) -> None:
+        """Drop every entry in memory (and the disk tier's files with ``disk=True``)."""
+        with self._lock:
+            self._entries.clear()
+            self._aliases.clear()
+            self._bytes = 0
+        if disk and self.directory is not None:
+            for path in self.directory.glob("set-*.tm"):
+                path.unlink(missing_ok=True)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        stats = self.stats()
+        return f"CompileCache(entries={stats['entries']}, bytes={stats['bytes']}, max_bytes={stats['max_bytes']})"
+
+
+_DEFAULT: CompileCache | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_compile_cache() -> CompileCache:
+    """The process's shared cache (memory only, ``$TRIEMASK_CACHE_BYTES``), made on first use;
+    the adapters compile through it."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = CompileCache()
+        return _DEFAULT
