@@ -438,3 +438,32 @@ def test_v2_slots_refuse_speculative_rows(sets: CompiledSets) -> None:
     ctx = SimpleNamespace(idx_mapping_np=np.array([0]), seq_lens_upper_bound_np=np.array([1]), input_ids=None)
     with pytest.raises(RuntimeError, match="speculative decoding"):
         slots.apply(torch.zeros(2, sets.compiler.vocab.vocab_size), ctx)
+
+
+def test_a_registered_set_is_updated_by_name_without_a_restart(registered, sets, monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Editing a set's file is seen by the next request after RELOAD_SECONDS: the name gives the
+    new values, the new set is pinned when first compiled, the old one unpinned; an edit that
+    cannot be read keeps the previous sets."""
+    monkeypatch.setattr(_serving, "RELOAD_SECONDS", 0.0)
+    monkeypatch.setattr(_serving, "_REGISTERED_STATE", {"signature": None, "checked": 0.0, "generation": 0})
+    _serving.compile_registered(sets)
+    old = requested_values({"triemask_set": "tools"})
+    assert old == ["slack.send_message", "github.create_issue"]
+    pinned_old = sets.get(old)
+    (registered / "tools.txt").write_text("slack.send_message\njira.close_ticket\n", encoding="utf-8")
+    import os
+
+    os.utime(registered / "tools.txt", ns=(1, 10**18))  # a modification time that surely differs
+    with caplog.at_level("INFO", logger="triemask"):
+        new = requested_values({"triemask_set": "tools"})
+    assert new == ["slack.send_message", "jira.close_ticket"] and "registered sets reloaded" in caplog.text
+    assert _serving.registered_generation() == 1
+    compiled = sets.get(new)
+    assert compiled.automaton is not None and sorted(compiled.automaton.values()) == sorted(new)
+    assert sets.get(list(reversed(new))) is compiled  # pinned, and the same set in any order
+    assert sets.get(old) is not pinned_old  # the old set is no longer pinned: compiled again if asked
+    (registered / "tools.txt").write_bytes(b"\xff\xfe broken\n")
+    os.utime(registered / "tools.txt", ns=(1, 2 * 10**18))
+    with caplog.at_level("WARNING", logger="triemask"):
+        assert requested_values({"triemask_set": "tools"}) == new  # the previous sets stay
+    assert "not reloaded, the previous ones stay" in caplog.text

@@ -22,6 +22,7 @@ __all__ = [
     "dense_threshold",
     "native_kernel",
     "register_kind",
+    "restore_stored",
     "set_bits",
     "set_fingerprint",
     "state_index",
@@ -353,7 +354,7 @@ class TrieAutomaton(_Core):
             raise ArgumentTypeError(f"load needs vocab=<the triemask.Vocabulary>, got {type(vocab).__qualname__}")
         stored = _storage.read(path, use_mmap=mmap, verify=verify, kinds=tuple(_KINDS))
         stored.check_vocabulary(vocab.fingerprint)
-        automaton = _restore_stored(stored)
+        automaton = restore_stored(stored)
         if not isinstance(automaton, cls):
             raise AutomatonFileError(
                 f"{stored.source} holds a {type(automaton).__name__}, not a {cls.__name__}", field="kind"
@@ -829,7 +830,8 @@ def register_kind(cls: type[TrieAutomaton]) -> type[TrieAutomaton]:
     return cls
 
 
-def _restore_stored(stored: _storage.Stored) -> TrieAutomaton:
+def restore_stored(stored: _storage.Stored) -> TrieAutomaton:
+    """The automaton a file holds (its vocabulary not checked: :meth:`TrieAutomaton.load` does)."""
     try:
         return _KINDS[stored.kind]._from_stored(stored.meta, stored.arrays)
     except (KeyError, TypeError, ValueError) as error:  # a field missing, or arrays that do not fit together
@@ -840,7 +842,7 @@ def _restore_stored(stored: _storage.Stored) -> TrieAutomaton:
 
 
 def _from_bytes(blob: bytes) -> TrieAutomaton:
-    return _restore_stored(_storage.read(blob, kinds=tuple(_KINDS)))
+    return restore_stored(_storage.read(blob, kinds=tuple(_KINDS)))
 
 
 class DagAutomaton(TrieAutomaton):

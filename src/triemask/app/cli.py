@@ -1,4 +1,5 @@
-"""The ``triemask`` command line."""
+"""The ``triemask`` command line: ``demo``, ``walk``, ``eval``, and the operator's
+``compile``, ``inspect`` and ``cache`` (see :mod:`triemask.app.operate`)."""
 
 from __future__ import annotations
 
@@ -140,6 +141,7 @@ def run_eval(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     from . import evaluation as settings
+    from . import operate
 
     parser = argparse.ArgumentParser(prog="triemask", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -164,7 +166,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     evaluation.add_argument("--per-k", type=_positive, default=settings.Settings.per_k, help="requests per K")
     evaluation.add_argument("--think-tokens", type=_positive, default=settings.Settings.think_tokens)
     evaluation.add_argument("--seed", type=int, default=0)
+    operate.add_commands(commands)
     args = parser.parse_args(argv)
+    if args.command in operate.COMMANDS:
+        operate.run(args)
+        return
     if args.command == "walk":
         walk_demo(args.values, args.walks, args.seed)
         return

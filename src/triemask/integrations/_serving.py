@@ -133,22 +133,63 @@ def load_sets(path: str | os.PathLike[str]) -> dict[str, list[str]]:
 
 _REGISTERED: dict[str, list[str]] | Exception | None = None
 _REGISTERED_LOCK = threading.Lock()
+_REGISTERED_STATE: dict[str, Any] = {"signature": None, "checked": 0.0, "generation": 0}
+RELOAD_SECONDS = 2.0  # how often the registered sets' files are looked at for changes
+
+
+def _signature(path: str) -> tuple[tuple[str, int, int], ...] | None:
+    """The registered files' names, modification times and sizes (None when unreadable)."""
+    root = Path(path)
+    try:
+        files = sorted(root.glob("*.txt")) if root.is_dir() else [root]
+        return tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files)
+    except OSError:
+        return None
 
 
 def registered_sets() -> dict[str, list[str]]:
-    """The sets named by ``$TRIEMASK_SETS`` (empty when unset), read once per process;
-    a failure to read them is kept too and raised again, without reading again."""
+    """The sets named by ``$TRIEMASK_SETS`` (empty when unset).
+
+    Read at the first call; a failure then is kept and raised again without reading again
+    (the server does not start). After that, the files are looked at every
+    :data:`RELOAD_SECONDS`: a set whose file changed (or a file added or removed) is read
+    again, so a set is updated by name without a restart; a change that cannot be read
+    keeps the previous sets and is logged."""
     global _REGISTERED
     with _REGISTERED_LOCK:
+        path = os.environ.get(SETS_ENV)
         if _REGISTERED is None:
-            path = os.environ.get(SETS_ENV)
             try:
                 _REGISTERED = load_sets(path) if path else {}
+                _REGISTERED_STATE["signature"] = _signature(path) if path else None
             except ValueError as error:
                 _REGISTERED = error
+            _REGISTERED_STATE["checked"] = time.monotonic()
+        elif (
+            path
+            and not isinstance(_REGISTERED, Exception)
+            and (time.monotonic() - float(_REGISTERED_STATE["checked"] or 0.0) >= RELOAD_SECONDS)
+        ):
+            _REGISTERED_STATE["checked"] = time.monotonic()
+            signature = _signature(path)
+            if signature is not None and signature != _REGISTERED_STATE["signature"]:
+                try:
+                    _REGISTERED = load_sets(path)
+                    _REGISTERED_STATE["signature"] = signature
+                    _REGISTERED_STATE["generation"] = int(_REGISTERED_STATE["generation"] or 0) + 1
+                    logger.info("triemask: registered sets reloaded (%s)", ", ".join(sorted(_REGISTERED)))
+                except ValueError as error:  # keep serving the previous sets
+                    _REGISTERED_STATE["signature"] = signature
+                    logger.warning("triemask: registered sets not reloaded, the previous ones stay: %s", error)
         if isinstance(_REGISTERED, Exception):
             raise _REGISTERED
         return _REGISTERED
+
+
+def registered_generation() -> int:
+    """How many times the registered sets were reloaded (0 until a file changes)."""
+    with _REGISTERED_LOCK:
+        return int(_REGISTERED_STATE["generation"] or 0)
 
 
 def requested_values(extra_args: Mapping[str, Any] | None, limits: Limits | None = None) -> list[str] | None:
@@ -448,6 +489,8 @@ class CompiledSets:
         self._failures: OrderedDict[Any, str] = OrderedDict()
         self._lock = threading.Lock()
         self._ended: CompiledSet | None = None
+        self._generation = 0  # of the registered sets pinned here
+        self._registered_keys: set[Any] | None = None  # their keys, once a reload made them differ
 
     @property
     def max_bytes(self) -> int:
@@ -497,13 +540,20 @@ class CompiledSets:
             key = self._key(values)
         except ValueSetError as error:  # not a set of strings: admission checks make this rare
             raise SetCompileError(f"{type(error).__name__}: {error}"[:500]) from error
+        self._follow_reloads()
         with self._lock:
             pinned = self._pinned.get(key)
             failure = self._failures.get(key)
+            registered = self._registered_keys is not None and key in self._registered_keys
         if pinned is not None:
             return pinned
         if failure is not None:
             raise SetCompileError(failure)
+        if registered and isinstance(values, list):  # a registered set updated by name: pinned from now on
+            try:
+                return self.pin(values)
+            except Exception as error:
+                raise SetCompileError(f"{type(error).__name__}: {error}"[:500]) from error
 
         def build() -> CompiledSet:
             if isinstance(values, SchemaRequest):
@@ -519,6 +569,22 @@ class CompiledSets:
                 while len(self._failures) > self._MAX_FAILURES:
                     self._failures.popitem(last=False)
             raise SetCompileError(message) from error
+
+    def _follow_reloads(self) -> None:
+        """After the registered sets were reloaded: unpin the sets no longer registered (the
+        new ones are pinned when first requested)."""
+        generation = registered_generation()
+        if generation == self._generation:
+            return
+        try:
+            keys = {self._key(values) for values in registered_sets().values()}
+        except ValueError:
+            return
+        with self._lock:
+            self._generation = generation
+            self._registered_keys = keys
+            for key in [key for key in self._pinned if key not in keys]:
+                del self._pinned[key]
 
     def pin(self, values: Sequence[str]) -> CompiledSet:
         """Compile ``values`` now and keep them for the life of the process (raises on failure)."""
