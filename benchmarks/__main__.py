@@ -5,6 +5,7 @@
     python -m benchmarks formats [--quick]      (fixed formats, paper Table 17: benchmarks/formats.py)
     python -m benchmarks large [--quick]        (a million values and beyond: benchmarks/large.py)
     python -m benchmarks hierarchy [--n 40]     (flat vs hierarchical decoding on SmolLM2: benchmarks/hierarchy.py)
+    python -m benchmarks lifecycle              (save/load/mmap, the index cache, updates: benchmarks/lifecycle.py)
 
 Every figure is measured in this run, on this machine, with the same vocabulary,
 value sets and decoding states for every engine; ratios are peer time / triemask
@@ -366,6 +367,11 @@ def main(argv: list[str] | None = None) -> None:
         from . import hierarchy
 
         hierarchy.main(args[1:])
+        return
+    if args[:1] == ["lifecycle"]:  # python -m benchmarks lifecycle: saved, shared and updated sets
+        from . import lifecycle
+
+        lifecycle.main(args[1:])
         return
     if args[:1] == ["large"]:  # python -m benchmarks large: a million values and beyond
         from . import large

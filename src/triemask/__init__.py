@@ -43,6 +43,7 @@ from ._matcher import Matcher
 from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
 from ._regex import FORMATS
 from ._tools import CompiledTools
+from ._update import UpdatedTrieAutomaton
 from ._version import __version__
 from ._vocabulary import Vocabulary
 
@@ -90,6 +91,7 @@ __all__ = [
     "TrieAutomaton",
     "TriemaskError",
     "UnboundedPatternError",
+    "UpdatedTrieAutomaton",
     "ValueIndexError",
     "ValueSetError",
     "Vocabulary",

@@ -462,6 +462,12 @@ class TrieAutomaton(_Core):
         node = self._node(state)
         return self._edge_tokens[self._edge_offsets_view[node] : self._edge_offsets_view[node + 1]]
 
+    def edges(self, state: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """The tokens allowed in ``state`` (ascending) and the state each leads to, read-only."""
+        node = self._node(state)
+        lo, hi = self._edge_offsets_view[node], self._edge_offsets_view[node + 1]
+        return self._edge_tokens[lo:hi], self._edge_dests[lo:hi]
+
     def allowed_token_pairs(
         self, states: Sequence[int] | npt.NDArray[np.integer[Any]]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
@@ -549,6 +555,41 @@ class TrieAutomaton(_Core):
         """Whether the tokens so far spell a complete value (true in final states too)."""
         return self._value_index(state) is not None
 
+    def value_index(self, state: int) -> int | None:
+        """The index (in sorted order, as :meth:`value`) of the value complete in ``state``,
+        or None when none is."""
+        return self._value_index(state)
+
+    @property
+    def values_are_str(self) -> bool:
+        """Whether the values are ``str`` (else ``bytes``)."""
+        return self._values_are_str
+
+    def with_values(
+        self, added: Iterable[Any] = (), removed: Iterable[Any] = (), *, compiler: Any = None
+    ) -> TrieAutomaton:
+        """A new automaton for this set plus ``added`` minus ``removed``, at a cost
+        proportional to the change: the same masks as compiling the new set, for states
+        numbered differently (an :class:`~triemask.UpdatedTrieAutomaton`: this automaton,
+        tombstones and a delta automaton merged at lookup, until its ``compacted()``).
+        Past 5% of the set changed, or for a vocabulary lacking single-byte tokens, the new
+        set is compiled whole. This automaton is unchanged.
+
+        Parameters
+        ----------
+        added, removed : iterables of values (the set's type: str or bytes)
+            Adding a member is a no-op; removing a value that is not a member raises.
+        compiler : Compiler, optional
+            The compiler of this automaton's vocabulary (by default the one most recently
+            built for it in this process).
+        """
+        from ._compile import compiler_for_fingerprint
+        from ._update import updated
+
+        if compiler is None:
+            compiler = compiler_for_fingerprint(self._vocab_fingerprint)
+        return updated(self, added, removed, compiler)
+
     def is_final(self, state: int) -> bool:
         """Whether ``state`` is a final state, reached by EOS after a complete value."""
         self._node(state)
@@ -576,7 +617,7 @@ class TrieAutomaton(_Core):
         node = self._node(state)
         if node == self._num_nodes:
             return None if state == DEAD else state - self._num_nodes
-        i = int(np.searchsorted(self._terminal_nodes, node))
+        i = int(np.searchsorted(self._terminal_nodes, np.int32(node)))  # an int32 key: no cast of the array
         if i < len(self._terminal_nodes) and self._terminal_nodes[i] == node:
             return int(self._terminal_values[i])
         return None
@@ -1028,7 +1069,7 @@ class DagAutomaton(TrieAutomaton):
         node = self._node(state)
         if node == self._num_nodes:
             return state != DEAD
-        i = int(np.searchsorted(self._terminal_nodes, node))
+        i = int(np.searchsorted(self._terminal_nodes, np.int32(node)))  # an int32 key: no cast of the array
         return i < len(self._terminal_nodes) and int(self._terminal_nodes[i]) == node
 
     def stats(self) -> dict[str, Any]:

@@ -21,7 +21,9 @@ bitmask words: a row is set from its node's tokens when it is filled.
 from __future__ import annotations
 
 import os
+import threading
 import time
+import weakref
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,7 +45,25 @@ if TYPE_CHECKING:
     from ._mixed import CompiledSchema
     from ._tools import CompiledTools
 
-__all__ = ["Compiler"]
+__all__ = ["Compiler", "compiler_for_fingerprint"]
+
+
+# the live compilers of each vocabulary (any of them serves: they index the same tokens)
+_BY_FINGERPRINT: dict[str, weakref.WeakSet[Compiler]] = {}
+_BY_FINGERPRINT_LOCK = threading.Lock()
+
+
+def compiler_for_fingerprint(fingerprint: str) -> Compiler:
+    """A live compiler of the vocabulary with this fingerprint (for
+    :meth:`TrieAutomaton.with_values` called without one)."""
+    with _BY_FINGERPRINT_LOCK:
+        compiler = next(iter(_BY_FINGERPRINT.get(fingerprint, ())), None)
+    if compiler is None:
+        raise ArgumentTypeError(
+            f"with_values needs the Compiler of the automaton's vocabulary ({fingerprint}) and none is alive "
+            "in this process: pass compiler=Compiler(vocab)"
+        )
+    return compiler
 
 
 class Compiler:
@@ -75,7 +95,7 @@ class Compiler:
     [0, 1, 2]
     """
 
-    __slots__ = ("_index", "_index_source", "_vocab")
+    __slots__ = ("__weakref__", "_index", "_index_source", "_token_bytes", "_vocab")
 
     def __init__(
         self, vocab: Vocabulary, *, disk_cache: bool = True, cache_dir: str | os.PathLike[str] | None = None
@@ -85,11 +105,39 @@ class Compiler:
         self._vocab = vocab
         directory = (Path(cache_dir) if cache_dir is not None else cache_directory()) if disk_cache else None
         self._index, self._index_source = TokenIndex.cached(vocab, directory)
+        self._token_bytes: frozenset[bytes] | None = None  # made on first use (with_values)
+        with _BY_FINGERPRINT_LOCK:  # for TrieAutomaton.with_values
+            for key in [k for k, live in _BY_FINGERPRINT.items() if not live]:
+                del _BY_FINGERPRINT[key]
+            _BY_FINGERPRINT.setdefault(vocab.fingerprint, weakref.WeakSet()).add(self)
 
     @property
     def vocab(self) -> Vocabulary:
         """The vocabulary this compiler indexes."""
         return self._vocab
+
+    def single_byte_tokens(self) -> npt.NDArray[np.int64]:
+        """For each byte value, the smallest id of a token that is exactly that byte (-1: none)."""
+        found = np.full(256, -1, dtype=np.int64)
+        lengths, offsets, data = self._vocab.byte_table()
+        ids = np.flatnonzero(lengths == 1)
+        raw = np.frombuffer(data, dtype=np.uint8)
+        order = ids[::-1]  # the smallest id written last
+        found[raw[offsets[order]]] = order
+        return found
+
+    def token_bytes(self) -> frozenset[bytes]:
+        """The byte strings of every text token (made once, on first use)."""
+        if self._token_bytes is None:
+            lengths, offsets, data = self._vocab.byte_table()
+            ids = np.flatnonzero(lengths > 0).tolist()
+            self._token_bytes = frozenset(data[offsets[i] : offsets[i] + lengths[i]] for i in ids)
+        return self._token_bytes
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The longest text token's length in bytes."""
+        return int(self._index.stats()["max_token_bytes"])
 
     def stats(self) -> dict[str, Any]:
         """Sizes and build (or load) time of the per-vocabulary token index, and ``source``:

@@ -367,6 +367,13 @@ class LazyTrieAutomaton(TrieAutomaton):
 
     # ------------------------------------------------------------------ per step
 
+    def edges(self, state: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        """The tokens allowed in ``state`` (ascending) and the state each leads to, read-only."""
+        node = self._node(state)
+        if node == self._num_nodes:
+            return np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int32)
+        return self._edges(node)
+
     def allowed_token_ids(self, state: int) -> npt.NDArray[np.int32]:
         """Ids of the tokens allowed in ``state``, ascending (EOS included when allowed),
         read-only."""

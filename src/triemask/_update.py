@@ -1,0 +1,494 @@
+"""Incremental updates: ``automaton.with_values(added=..., removed=...)`` without recompiling.
+
+An :class:`UpdatedTrieAutomaton` is its base automaton (shared, unchanged), tombstones for
+the removed values, and a small delta automaton compiled from the added values alone,
+merged at lookup. A state is a pair (base state, delta state) in one integer; a token is
+allowed when the base allows it (less the edges into tombstoned subtries) or the delta
+does, which is exactly the set a full recompile allows: the union of the two tries' token
+paths is the trie of the union of the sets, and the tombstones remove the paths whose
+every value was removed. The costs are the change's: compiling the added values, and per
+removed value a walk down its path and up its now-empty suffix (single-byte tokens give
+each node's children); the edges of the nodes up to a token's length above a removed
+subtrie are rewritten without the edges into it. Updates accumulate against the same base;
+when the change grows past :data:`COMPACT_FRACTION` of the base (or the vocabulary lacks a
+single-byte token the walk needs) the result is a full recompile instead.
+
+A step over an updated automaton costs two lookups and Python's glue (a few microseconds
+against one), until :meth:`UpdatedTrieAutomaton.compacted`, which recompiles the current
+set into a plain automaton (new state numbers).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ._automaton import DEAD, DagAutomaton, TrieAutomaton, set_bits, state_index
+from ._bitmask import as_bitmask_array
+from ._errors import ArgumentTypeError, StateError, ValueIndexError, ValueSetError
+
+if TYPE_CHECKING:
+    from ._compile import Compiler
+
+__all__ = ["COMPACT_FRACTION", "UpdatedTrieAutomaton", "updated"]
+
+COMPACT_FRACTION = 0.05
+"""Above this many changed values (added + removed, cumulative) per value of the base, an
+update recompiles the whole set instead of merging at lookup."""
+
+_EMPTY: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+_EMPTY.flags.writeable = False
+
+
+def _as_values(values: Iterable[Any], are_str: bool, what: str) -> list[Any]:
+    if isinstance(values, str | bytes):
+        raise ValueSetError(
+            f"{what} must be an iterable of values, got a single {type(values).__name__}: wrap it in a list"
+        )
+    items = list(values)
+    kind = str if are_str else bytes
+    for i, value in enumerate(items):
+        if not isinstance(value, kind):
+            raise ValueSetError(
+                f"{what}[{i}] is {type(value).__name__} {value!r:.40}; this set's values are {kind.__name__}"
+            )
+    return items
+
+
+def updated(
+    automaton: TrieAutomaton, added: Iterable[Any], removed: Iterable[Any], compiler: Compiler
+) -> TrieAutomaton:
+    """The automaton of ``automaton``'s set plus ``added`` minus ``removed`` (see the module)."""
+    if compiler.vocab.fingerprint != automaton.vocab_fingerprint:
+        raise ArgumentTypeError("with_values: the compiler's vocabulary is not the one this automaton was compiled for")
+    if isinstance(automaton, UpdatedTrieAutomaton):
+        base, kept_added, prior_removed = automaton.parts()
+    else:
+        base, kept_added, prior_removed = automaton, frozenset(), frozenset()
+    if isinstance(base, DagAutomaton) and base.pattern is not None:
+        raise ArgumentTypeError("with_values updates sets of values, not the language of a pattern")
+    are_str = base.values_are_str
+    adding, removing = set(_as_values(added, are_str, "added")), set(_as_values(removed, are_str, "removed"))
+    byte_tokens = compiler.single_byte_tokens()
+    if (byte_tokens < 0).any():  # the walks below read a node's children from single-byte tokens
+        return _recompiled(base, automaton, adding, removing, compiler)
+    candidates = sorted(removing | adding | set(prior_removed), key=repr)  # one walk for all
+    paths, lengths = _walks(base, candidates, byte_tokens)
+    ends = paths[np.arange(len(candidates)), lengths]
+    found = (ends >= 0) & (_indices(base, np.maximum(ends, 0)) >= 0)
+    in_base = {v for v, hit in zip(candidates, found.tolist(), strict=True) if hit}
+    for value in sorted(removing, key=repr):
+        if value not in kept_added and (value not in in_base or value in prior_removed):
+            raise ValueSetError(f"removed value {value!r:.60} is not in the set")
+    tombstoned = (set(prior_removed) | (removing & in_base)) - (adding & in_base)
+    delta_values = sorted((set(kept_added) - removing) | (adding - in_base))
+    if base.num_values - len(tombstoned) + len(delta_values) == 0:
+        raise ValueSetError("with_values would leave an empty set")
+    change = len(tombstoned) + len(delta_values)
+    if change == 0:
+        return base
+    if type(base) is not TrieAutomaton or change > COMPACT_FRACTION * base.num_values:
+        return _recompiled(base, automaton, adding, removing, compiler)
+    delta = compiler.compile(delta_values, eos=base.eos) if delta_values else None
+    chosen = np.asarray([i for i, v in enumerate(candidates) if v in tombstoned], dtype=np.int64)
+    overrides, removed_indices = _tombstones(base, paths[chosen], lengths[chosen], byte_tokens)
+    return UpdatedTrieAutomaton(base, delta, overrides, removed_indices, tombstoned, delta_values, compiler)
+
+
+def _recompiled(
+    base: TrieAutomaton, current: TrieAutomaton, adding: set[Any], removing: set[Any], compiler: Compiler
+) -> TrieAutomaton:
+    """The new set compiled whole, in the base's layout."""
+    values = set(current.values())
+    missing = sorted(removing - values, key=repr)
+    if missing:
+        raise ValueSetError(f"removed value {missing[0]!r:.60} is not in the set")
+    from ._lazy import LazyTrieAutomaton
+
+    layout = "lazy" if isinstance(base, LazyTrieAutomaton) else "dag" if isinstance(base, DagAutomaton) else "trie"
+    new: Any = sorted((values - removing) | adding, key=repr)
+    return compiler.compile(new, eos=base.eos, layout=layout)
+
+
+def _walks(
+    base: TrieAutomaton, values: Sequence[Any], byte_tokens: npt.NDArray[np.int64]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Each value's path down the base's trie, one byte (token) at a time for all values at
+    once: ``paths[i, d]`` is the node after the first ``d`` bytes of value ``i`` (DEAD once it
+    leaves the trie), and ``lengths[i]`` its length in bytes."""
+    raws = [v.encode() if isinstance(v, str) else bytes(v) for v in values]
+    lengths = np.asarray([len(raw) for raw in raws], dtype=np.int64)
+    longest = int(lengths.max(initial=0))
+    padded = np.zeros((len(raws), longest), dtype=np.uint8)
+    for i, raw in enumerate(raws):
+        padded[i, : len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    tokens = byte_tokens[padded]
+    paths = np.full((len(raws), longest + 1), DEAD, dtype=np.int64)
+    paths[:, 0] = base.initial_state
+    for depth in range(longest):
+        moving = np.flatnonzero((lengths > depth) & (paths[:, depth] != DEAD))
+        paths[moving, depth + 1] = base.next_states(paths[moving, depth], tokens[moving, depth])
+    return paths, lengths
+
+
+def _tombstones(
+    base: TrieAutomaton,
+    paths: npt.NDArray[np.int64],
+    lengths: npt.NDArray[np.int64],
+    byte_tokens: npt.NDArray[np.int64],
+) -> tuple[dict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]], npt.NDArray[np.int64]]:
+    """The rewritten edges of the base nodes the removals change, and the removed values'
+    indices in the base (``paths``: the removed values' walks, see :func:`_walks`).
+
+    Every node on a removed value's path is looked up once (its edges, in one batch). A node
+    is dead when no remaining base value lies at or below it: its value (if any) is removed
+    and all its children (the distinct targets of its single-byte tokens) are dead, counted
+    from the deepest nodes up. A live node on such a path is rewritten when one of its edges
+    leads into a dead node (those edges go), or when it is a removed value's own node (EOS
+    goes)."""
+    eos = np.asarray(base.eos_token_ids, dtype=np.int64)
+    single = np.zeros(base.vocab_size + 1, dtype=bool)
+    single[byte_tokens[byte_tokens >= 0]] = True
+    removed_indices = np.unique(_indices(base, paths[np.arange(len(paths)), lengths]))
+    # the nodes on the removed paths (ascending ids), each with its depth and parent
+    depth = np.broadcast_to(np.arange(paths.shape[1]), paths.shape)
+    on_path = depth <= lengths[:, None]
+    flat_nodes, flat_depths = paths[on_path], depth[on_path]
+    flat_parents = np.where(flat_depths > 0, np.roll(paths, 1, axis=1)[on_path], -1)
+    nodes, first = np.unique(flat_nodes, return_index=True)
+    node_depths, node_parents = flat_depths[first], flat_parents[first]
+    offsets, all_tokens, all_dests = base.edge_arrays()  # the nodes' edges, gathered at once
+    lo, hi = offsets[nodes], offsets[nodes + 1]
+    counts = (hi - lo).astype(np.int64)
+    rows = np.repeat(np.arange(len(nodes), dtype=np.int64), counts)
+    at = np.arange(int(counts.sum())) + np.repeat(lo - (np.cumsum(counts) - counts), counts)
+    tokens, dests = all_tokens[at], all_dests[at]
+    index = _indices(base, nodes)
+    keeps_value = (index >= 0) & ~np.isin(index, removed_indices)
+    stride = base.num_states + 1
+    child = single[tokens]
+    children = np.bincount(np.unique(rows[child] * stride + dests[child]) // stride, minlength=len(nodes))
+    # a node can die only if each of its children lies on a removed path; the others live
+    links = np.unique(flat_parents[flat_depths > 0] * stride + flat_nodes[flat_depths > 0]) // stride
+    path_children = np.bincount(np.searchsorted(nodes, links), minlength=len(nodes))
+    maybe = np.flatnonzero(~keeps_value & (children <= path_children) & (nodes != base.initial_state))
+    maybe = maybe[np.argsort(-node_depths[maybe], kind="stable")]  # the deepest first
+    dead: set[int] = set()
+    dead_children: dict[int, int] = {}
+    for node, parent, wanted in zip(
+        nodes[maybe].tolist(), node_parents[maybe].tolist(), children[maybe].tolist(), strict=True
+    ):
+        if dead_children.get(node, 0) == wanted:  # every child dead (a leaf has none)
+            dead.add(node)
+            dead_children[parent] = dead_children.get(parent, 0) + 1
+    dead_sorted = np.sort(np.fromiter(dead, dtype=dests.dtype, count=len(dead)))  # dests' dtype: no casts
+    into_dead = np.zeros(len(dests), dtype=bool)
+    if len(dead_sorted):
+        into_dead = dead_sorted[np.minimum(np.searchsorted(dead_sorted, dests), len(dead_sorted) - 1)] == dests
+    own = (index >= 0) & np.isin(index, removed_indices)  # a removed value's node: no more EOS
+    is_eos = np.zeros(len(tokens), dtype=bool)
+    for token in eos.tolist():
+        is_eos |= tokens == token
+    drop = into_dead | (own[rows] & is_eos)
+    is_dead = np.isin(nodes, dead_sorted)
+    changed = (np.bincount(rows[drop], minlength=len(nodes)) > 0) & ~is_dead
+    # the rewritten nodes' remaining edges, one array each for tokens and destinations
+    kept = ~drop & changed[rows]
+    kept_rows = rows[kept]
+    ends = np.cumsum(np.bincount(kept_rows, minlength=len(nodes)))
+    kept_tokens, kept_dests = tokens[kept].astype(np.int32), dests[kept].astype(np.int32)
+    which = np.flatnonzero(changed)
+    overrides = {
+        node: (kept_tokens[start:end], kept_dests[start:end])
+        for node, start, end in zip(
+            nodes[which].tolist(),
+            (ends[which] - np.bincount(kept_rows, minlength=len(nodes))[which]).tolist(),
+            ends[which].tolist(),
+            strict=True,
+        )
+    }
+    return overrides, removed_indices
+
+
+def _indices(base: TrieAutomaton, nodes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """The index of the value ending at each node, -1 where none does."""
+    if base.eos and len(nodes):
+        finals = base.next_states(nodes, np.full(len(nodes), base.eos_token_ids[0], dtype=np.int64))
+        return np.where(finals == DEAD, -1, finals.astype(np.int64) - base.num_nodes)
+    found = [base.value_index(int(node)) for node in nodes.tolist()]
+    return np.asarray([-1 if i is None else i for i in found], dtype=np.int64)
+
+
+class UpdatedTrieAutomaton(TrieAutomaton):
+    """A :class:`TrieAutomaton` made by :meth:`TrieAutomaton.with_values`: its base, tombstones
+    for the removed values and a delta automaton of the added ones, merged at lookup (see
+    the module :mod:`triemask._update`). The same masks as a full recompile of the new set;
+    other state numbers (a pair of the parts' states). Immutable; :meth:`compacted`
+    recompiles it into a plain automaton, and saving or pickling saves that."""
+
+    __slots__ = (
+        "_added",
+        "_base",
+        "_compact",
+        "_compact_lock",
+        "_compiler",
+        "_delta",
+        "_order",
+        "_overrides",
+        "_removed",
+        "_removed_values",
+        "_span",
+    )
+
+    def __init__(
+        self,
+        base: TrieAutomaton,
+        delta: TrieAutomaton | None,
+        overrides: dict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]],
+        removed_indices: npt.NDArray[np.int64],
+        removed_values: set[Any],
+        added: Sequence[Any],
+        compiler: Compiler,
+    ) -> None:
+        self._base, self._delta, self._overrides = base, delta, overrides
+        self._removed, self._removed_values, self._added = removed_indices, frozenset(removed_values), tuple(added)
+        self._compiler = compiler
+        self._span = delta.num_states + 1 if delta is not None else 1  # delta states + DEAD
+        self._num_nodes = base.num_nodes
+        self._num_values = base.num_values - len(removed_indices) + len(added)
+        for name in (
+            "_values_are_str",
+            "_input_values",
+            "_vocab_size",
+            "_width",
+            "_vocab_fingerprint",
+            "_eos_token_ids",
+            "_eos",
+            "_compile_seconds",
+            "_level_offsets",
+        ):
+            setattr(self, name, getattr(base, name))
+        self._set_fingerprint = None
+        self._kernel = None
+        self._order: list[Any] | None = None  # the merged sorted values, made on first use
+        self._compact: TrieAutomaton | None = None
+        self._compact_lock = threading.Lock()
+
+    def parts(self) -> tuple[TrieAutomaton, frozenset[Any], frozenset[Any]]:
+        """The base automaton, the values added to it and the values removed from it."""
+        return self._base, frozenset(self._added), self._removed_values
+
+    # ------------------------------------------------------------------ states
+
+    def _split(self, state: Any) -> tuple[int, int]:
+        state = state_index(state)
+        if not -1 <= state < self.num_states:
+            raise StateError(
+                f"state {state!r} is not a state of this automaton (DEAD or 0 <= state < {self.num_states})"
+            )
+        base_code, delta_code = divmod(state + 1, self._span)
+        return base_code - 1, delta_code - 1
+
+    def _join(self, base: int, delta: int) -> int:
+        return (base + 1) * self._span + delta
+
+    @property
+    def initial_state(self) -> int:
+        return self._join(0, 0 if self._delta is not None else -1)
+
+    @property
+    def num_states(self) -> int:
+        """The size of the state id space (pairs of the parts' states; not all reachable)."""
+        return (self._base.num_states + 1) * self._span - 1
+
+    @property
+    def num_values(self) -> int:
+        return self._num_values
+
+    @property
+    def memory_bytes(self) -> int:
+        """The base's arrays (shared with it), the delta's and the rewritten edges."""
+        own = sum(t.nbytes + d.nbytes for t, d in self._overrides.values()) + self._removed.nbytes
+        return self._base.memory_bytes + own + (self._delta.memory_bytes if self._delta is not None else 0)
+
+    @property
+    def accepting_nodes(self) -> npt.NDArray[np.int32]:
+        raise ArgumentTypeError("an updated automaton's states are pairs: call compacted() for accepting_nodes")
+
+    def allowed_token_ids(self, state: int) -> npt.NDArray[np.int32]:
+        """Ids of the tokens allowed in ``state``, ascending (read-only)."""
+        base, delta = self._split(state)
+        parts: list[npt.NDArray[np.int32]] = []
+        if base >= 0:
+            override = self._overrides.get(base)
+            parts.append(override[0] if override is not None else self._base.allowed_token_ids(base))
+        if delta >= 0 and self._delta is not None:
+            parts.append(self._delta.allowed_token_ids(delta))
+        if len(parts) < 2:
+            return parts[0] if parts else _EMPTY
+        return np.union1d(parts[0], parts[1]).astype(np.int32)
+
+    def _next_state_reference(self, state: int, token_id: int) -> int:
+        base, delta = self._split(state)
+        token_id = state_index(token_id, "token ids")
+        following_base = DEAD
+        if base >= 0:
+            override = self._overrides.get(base)
+            if override is None:
+                following_base = self._base.next_state(base, token_id)
+            else:
+                i = int(np.searchsorted(override[0], token_id))
+                if i < len(override[0]) and override[0][i] == token_id:
+                    following_base = int(override[1][i])
+        following_delta = self._delta.next_state(delta, token_id) if delta >= 0 and self._delta is not None else DEAD
+        if following_base == DEAD and following_delta == DEAD:
+            return DEAD
+        return self._join(following_base, following_delta)
+
+    def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
+        pairs = list(zip(np.asarray(states).tolist(), np.asarray(token_ids).tolist(), strict=True))
+        return np.asarray([self.next_state(s, t) for s, t in pairs], dtype=np.int64).astype(np.int32)
+
+    def allowed_token_pairs(
+        self, states: Sequence[int] | npt.NDArray[np.integer[Any]]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+        found = [self.allowed_token_ids(s) for s in np.asarray(states).tolist()]
+        rows = np.repeat(np.arange(len(found), dtype=np.int64), [len(f) for f in found])
+        return rows, (np.concatenate(found).astype(np.int32) if found else _EMPTY.copy())
+
+    def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
+        base, delta = self._split(state)
+        override = self._overrides.get(base) if base >= 0 else None
+        if base >= 0 and override is None:
+            self._base.fill_row(row[None, :], base)  # the base's own (C) fill
+        else:
+            row.fill(0)
+            if override is not None:
+                set_bits(row, override[0] >> 5, override[0])
+        if delta >= 0 and self._delta is not None:  # OR in the delta's row (its own C fill)
+            extra = np.empty((1, len(row)), dtype=np.int32)
+            self._delta.fill_row(extra, delta)
+            row |= extra[0]
+
+    def fill_row(self, bitmask: Any, state: int, row: int = 0) -> None:
+        array = (
+            bitmask
+            if type(bitmask) is np.ndarray and bitmask.ndim == 2
+            else as_bitmask_array(bitmask, self._vocab_size)
+        )
+        if array.dtype != np.int32 or array.shape[1:] != (self._width,) or not array.flags.c_contiguous:
+            array = as_bitmask_array(bitmask, self._vocab_size)
+        row = state_index(row, "rows")
+        if not 0 <= row < array.shape[0]:
+            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
+        self._fill_row(array[row], state)
+
+    def _fill_bitmask_reference(self, bitmask: Any, states: Any, *, rows: npt.ArrayLike | None = None) -> None:
+        array = as_bitmask_array(bitmask, self._vocab_size)
+        values = [state_index(s) for s in (states.tolist() if isinstance(states, np.ndarray) else list(states))]
+        targets = list(range(len(values))) if rows is None else self._few_rows(rows, len(values), array.shape[0])
+        if rows is None and len(values) > array.shape[0]:
+            raise StateError(f"{len(values)} states but the bitmask has only {array.shape[0]} rows")
+        for state in values:
+            self._split(state)  # every state checked before any row is written
+        for target, state in zip(targets, values, strict=True):
+            self._fill_row(array[target], state)
+
+    # ------------------------------------------------------------------ values
+
+    def _value_of_parts(self, state: int) -> Any:
+        base, delta = self._split(state)
+        if base >= 0:
+            index = self._base.value_index(base)
+            if index is not None and not self._removed_index(index):
+                return self._base.value(index)
+        if delta >= 0 and self._delta is not None:
+            return self._delta.value_of(delta)
+        return None
+
+    def _removed_index(self, index: int) -> bool:
+        i = int(np.searchsorted(self._removed, index))
+        return i < len(self._removed) and int(self._removed[i]) == index
+
+    def is_accepting(self, state: int) -> bool:
+        return self._value_of_parts(state) is not None
+
+    def is_final(self, state: int) -> bool:
+        base, delta = self._split(state)
+        if base >= 0 and self._base.is_final(base):
+            return not self._removed_index(base - self._base.num_nodes)
+        return delta >= 0 and self._delta is not None and self._delta.is_final(delta)
+
+    def value_of(self, state: int) -> str | bytes | None:
+        found: str | bytes | None = self._value_of_parts(state)
+        return found
+
+    def values(self) -> list[str | bytes]:
+        with self._compact_lock:
+            if self._order is None:
+                kept = [v for v in self._base.values() if v not in self._removed_values]
+                merged = sorted(kept + list(self._added), key=lambda v: v.encode() if isinstance(v, str) else v)
+                self._order = merged
+            return list(self._order)
+
+    def value(self, index: int) -> str | bytes:
+        index = state_index(index, "value indices")
+        if not 0 <= index < self._num_values:
+            raise ValueIndexError(f"value index {index} is outside [0, {self._num_values})")
+        return self.values()[index]
+
+    @property
+    def set_fingerprint(self) -> str:
+        if self._set_fingerprint is None:
+            from ._cache import values_fingerprint
+
+            values: Any = self.values()
+            self._set_fingerprint = values_fingerprint(values)
+        return self._set_fingerprint
+
+    # ------------------------------------------------------------------ compaction
+
+    def compacted(self) -> TrieAutomaton:
+        """The same set recompiled into a plain automaton (states renumbered; made once)."""
+        with self._compact_lock:
+            if self._compact is None:
+                self._compact = self._compiler.compile(self._merged(), eos=self._eos)
+            return self._compact
+
+    def _merged(self) -> list[Any]:
+        return [v for v in self._base.values() if v not in self._removed_values] + list(self._added)
+
+    def edge_arrays(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        raise ArgumentTypeError("an updated automaton merges its parts at lookup: call compacted() for edge arrays")
+
+    def save(self, path: Any) -> None:
+        """Save :meth:`compacted` (a file holds a plain automaton; its states are renumbered)."""
+        self.compacted().save(path)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return self.compacted().__reduce__()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "layout": "updated",
+            "values": self._num_values,
+            "base_values": self._base.num_values,
+            "added": len(self._added),
+            "removed": len(self._removed),
+            "rewritten_nodes": len(self._overrides),
+            "states": self.num_states,
+            "memory_bytes": self.memory_bytes,
+            "eos": self._eos,
+            "vocab_size": self._vocab_size,
+            "vocab_fingerprint": self._vocab_fingerprint,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"UpdatedTrieAutomaton(values={self._num_values}, base_values={self._base.num_values}, "
+            f"added={len(self._added)}, removed={len(self._removed)}, eos={self._eos})"
+        )

@@ -1,0 +1,175 @@
+"""Incremental updates: automaton.with_values(added, removed) equals a full recompile."""
+
+from __future__ import annotations
+
+import gc
+import pickle
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import byte_vocabulary, real_compiler
+from triemask import (
+    DEAD,
+    ArgumentTypeError,
+    Compiler,
+    Matcher,
+    StateError,
+    TrieAutomaton,
+    UpdatedTrieAutomaton,
+    ValueSetError,
+    Vocabulary,
+    _update,
+)
+
+LETTERS = "ab_c"
+values_strategy = st.text(alphabet=LETTERS, min_size=0, max_size=6)
+
+
+def assert_equal_languages(updated: TrieAutomaton, fresh: TrieAutomaton) -> None:
+    """Walk both automata together from their initial states over every allowed token: the
+    same tokens allowed, the same acceptance and values, at every reachable pair of states."""
+    seen = set()
+    stack = [(updated.initial_state, fresh.initial_state)]
+    width = (fresh.vocab_size + 31) // 32
+    rows = np.zeros((2, width), dtype=np.int32)
+    while stack:
+        pair = stack.pop()
+        if pair in seen:
+            continue
+        seen.add(pair)
+        u, f = pair
+        allowed = fresh.allowed_token_ids(f)
+        assert np.array_equal(updated.allowed_token_ids(u), allowed), (u, f)
+        updated.fill_bitmask(rows, [u], rows=[0])
+        fresh.fill_bitmask(rows, [f], rows=[1])
+        assert np.array_equal(rows[0], rows[1])
+        assert updated.is_accepting(u) == fresh.is_accepting(f)
+        assert updated.is_final(u) == fresh.is_final(f)
+        assert updated.value_of(u) == fresh.value_of(f)
+        stack += [(updated.next_state(u, token), fresh.next_state(f, token)) for token in allowed.tolist()]
+        outside = fresh.vocab_size - 1  # a token neither allows here (the padding id)
+        assert updated.next_state(u, outside) == DEAD or fresh.next_state(f, outside) != DEAD
+    assert updated.values() == fresh.values()
+    assert updated.num_values == fresh.num_values
+    assert updated.set_fingerprint == fresh.set_fingerprint
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    base=st.lists(values_strategy, min_size=1, max_size=12),
+    steps=st.lists(
+        st.tuples(st.lists(values_strategy, max_size=4), st.lists(st.integers(0, 30), max_size=4)),
+        min_size=1,
+        max_size=4,
+    ),
+    eos=st.booleans(),
+    merges=st.lists(st.text(alphabet=LETTERS, min_size=2, max_size=4), max_size=8),
+)
+def test_random_updates_equal_full_recompiles(
+    base: list[str], steps: list[tuple[list[str], list[int]]], eos: bool, merges: list[str]
+) -> None:
+    """Hypothesis: random add/remove sequences on random sets, merged at lookup (the compaction
+    threshold lifted), equal a recompile of the resulting set at every reachable state."""
+    saved = _update.COMPACT_FRACTION
+    _update.COMPACT_FRACTION = 10.0
+    try:
+        compiler = Compiler(byte_vocabulary([m.encode() for m in merges]), disk_cache=False)
+        automaton = compiler.compile(base, eos=eos)
+        current = set(base)
+        for added, picks in steps:
+            members = sorted(current)
+            removed = sorted({members[i % len(members)] for i in picks}) if members else []
+            expected = (current - set(removed)) | set(added)
+            if not expected:
+                with pytest.raises(ValueSetError, match="empty set"):
+                    automaton.with_values(added=added, removed=removed, compiler=compiler)
+                return
+            automaton = automaton.with_values(added=added, removed=removed, compiler=compiler)
+            current = expected
+            assert_equal_languages(automaton, compiler.compile(sorted(current), eos=eos))
+    finally:
+        _update.COMPACT_FRACTION = saved
+
+
+def test_an_update_is_merged_at_lookup_and_compacts_on_demand() -> None:
+    compiler = real_compiler("qwen2")
+    rng = random.Random(1)
+    values = [
+        f"{ns}.{verb}_{noun}"
+        for ns in ("slack", "jira", "github")
+        for verb in ("get", "put", "list")
+        for noun in ("user", "issue", "file", "team", "channel", "project")
+    ]
+    values += [f"tool_{i:04d}" for i in range(2000)]
+    base = compiler.compile(values)
+    removed = [*rng.sample(values, 30), "slack.get_user"]
+    added = ["slack.get_users", "slack.get_user_by_email", "tool_99999", "naïve.café", "slack.get_use"]
+    updated = base.with_values(added=added, removed=sorted(set(removed)))
+    assert isinstance(updated, UpdatedTrieAutomaton)
+    expected = sorted((set(values) - set(removed)) | set(added))
+    fresh = compiler.compile(expected)
+    assert_equal_languages(updated, fresh)
+    stats = updated.stats()
+    assert stats["added"] == len(added) and stats["removed"] == len(set(removed)) and stats["rewritten_nodes"] > 0
+    matcher = Matcher(updated)
+    assert (
+        matcher.accept_tokens(compiler.vocab.encode("slack.get_users") if hasattr(compiler.vocab, "encode") else [])
+        >= 0
+    )
+    again = updated.with_values(removed=["slack.get_users"], added=["slack.get_user"])  # chained, against the same base
+    assert isinstance(again, UpdatedTrieAutomaton) and again.parts()[0] is base
+    assert_equal_languages(again, compiler.compile(sorted((set(expected) - {"slack.get_users"}) | {"slack.get_user"})))
+    compact = updated.compacted()
+    assert type(compact) is TrieAutomaton and compact.values() == expected
+    restored = pickle.loads(pickle.dumps(updated))  # saved and pickled as its compacted form
+    assert type(restored) is TrieAutomaton and restored.values() == expected
+    assert base.values() == sorted(set(values))  # the base is unchanged
+
+
+def test_large_changes_and_vocabularies_without_byte_tokens_recompile() -> None:
+    compiler = Compiler(byte_vocabulary(), disk_cache=False)
+    base = compiler.compile([f"v{i}" for i in range(100)])
+    big = base.with_values(added=[f"w{i}" for i in range(10)], compiler=compiler)  # 10% > COMPACT_FRACTION
+    assert type(big) is TrieAutomaton and big.num_values == 110
+    small = base.with_values(added=["w0"], compiler=compiler)
+    assert isinstance(small, UpdatedTrieAutomaton)
+    lazy = compiler.compile(["a", "b"], layout="lazy").with_values(added=["c"], compiler=compiler)
+    assert type(lazy).__name__ == "LazyTrieAutomaton" and lazy.values() == ["a", "b", "c"]
+    table: list[bytes | None] = [b"a", b"b", b"ab", None]  # no token for most bytes
+    sparse = Compiler(Vocabulary(table, eos_token_ids=3), disk_cache=False)
+    updated = sparse.compile(["ab", "a"]).with_values(added=["b"], removed=["a"], compiler=sparse)
+    assert type(updated) is TrieAutomaton and updated.values() == ["ab", "b"]
+
+
+def test_bad_updates_are_named() -> None:
+    compiler = Compiler(byte_vocabulary(), disk_cache=False)
+    base = compiler.compile(["a", "b"])
+    with pytest.raises(ValueSetError, match="removed value 'z' is not in the set"):
+        base.with_values(removed=["z"], compiler=compiler)
+    with pytest.raises(ValueSetError, match=r"added\[0\] is bytes b'c'; this set's values are str"):
+        base.with_values(added=[b"c"], compiler=compiler)
+    with pytest.raises(ValueSetError, match="wrap it in a list"):
+        base.with_values(added="abc", compiler=compiler)
+    with pytest.raises(ValueSetError, match="empty set"):
+        base.with_values(removed=["a", "b"], compiler=compiler)
+    assert base.with_values(added=["a"], compiler=compiler) is base  # nothing changes
+    with pytest.raises(ArgumentTypeError, match="not the one this automaton was compiled for"):
+        base.with_values(added=["c"], compiler=Compiler(byte_vocabulary([b"xy"]), disk_cache=False))
+    with pytest.raises(ArgumentTypeError, match="not the language of a pattern"):
+        compiler.compile_regex("a|b").with_values(added=["c"], compiler=compiler)
+    updated = compiler.compile([f"v{i}" for i in range(100)]).with_values(added=["c"], compiler=compiler)
+    with pytest.raises(ArgumentTypeError, match="call compacted"):
+        updated.edge_arrays()
+    with pytest.raises(ArgumentTypeError, match="call compacted"):
+        updated.accepting_nodes  # noqa: B018
+    with pytest.raises(StateError, match="is not a state of this automaton"):
+        updated.allowed_token_ids(updated.num_states)
+    orphan_vocab = byte_vocabulary([b"qq"])
+    orphan = Compiler(orphan_vocab, disk_cache=False).compile(["q"])
+    gc.collect()
+    with pytest.raises(ArgumentTypeError, match="pass compiler=Compiler"):
+        orphan.with_values(added=["r"])
