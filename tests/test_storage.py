@@ -156,7 +156,7 @@ def test_newer_truncated_and_foreign_files_are_named(tmp_path: Path) -> None:
     data[entry["offset"] : entry["offset"] + entry["nbytes"]] = dests.tobytes()
     path.write_bytes(bytes(data))
     _rewrite_header(
-        path, {"arrays": {**header["arrays"], "edge_dests": {**entry, "crc32": zlib.crc32(dests.tobytes())}}}
+        path, {"arrays": {**header["arrays"], "edge_dests": {**entry, "crc32": [zlib.crc32(dests.tobytes())]}}}
     )
     with pytest.raises(AutomatonFileError, match="arrays do not form an automaton") as raised:
         TrieAutomaton.load(path, vocab=vocab)

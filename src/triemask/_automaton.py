@@ -338,9 +338,9 @@ class TrieAutomaton(_Core):
             process mapping the same file shares its pages. The file must not be
             modified while mapped (:meth:`save` replaces files by renaming, which is safe).
         verify : bool
-            Check every array's CRC-32 (reads the whole file once); the header and every
-            array's bounds are always checked, and the arrays' contents are range-checked
-            when the automaton is built.
+            Check every array's CRC-32s (reads the whole file once, on worker threads while
+            the automaton is built); the header and every array's bounds are always checked,
+            and the arrays' contents are range-checked when the automaton is built.
 
         Raises
         ------
@@ -352,9 +352,14 @@ class TrieAutomaton(_Core):
 
         if not isinstance(vocab, Vocabulary):
             raise ArgumentTypeError(f"load needs vocab=<the triemask.Vocabulary>, got {type(vocab).__qualname__}")
-        stored = _storage.read(path, use_mmap=mmap, verify=verify, kinds=tuple(_KINDS))
+        stored = _storage.read(path, use_mmap=mmap, verify=False, kinds=tuple(_KINDS))
         stored.check_vocabulary(vocab.fingerprint)
-        automaton = restore_stored(stored)
+        checked = stored.verify_in_background() if verify else None  # while the automaton is built
+        try:
+            automaton = restore_stored(stored)
+        finally:
+            if checked is not None:
+                checked()  # a corrupt array is named before anything else
         if not isinstance(automaton, cls):
             raise AutomatonFileError(
                 f"{stored.source} holds a {type(automaton).__name__}, not a {cls.__name__}", field="kind"

@@ -11,7 +11,8 @@ A file is::
 
 The header holds the kind of object (``"trie"``, ``"dag"``, ``"lazy"``), the triemask
 version that wrote it, the vocabulary fingerprint, the set fingerprint, the object's
-scalar fields (``meta``) and, per array, its dtype, shape, offset, size and CRC-32. Arrays
+scalar fields (``meta``) and, per array, its dtype, shape, offset, size and CRC-32s (one
+per 4 MiB, so that loading checks them on every core while the automaton is built). Arrays
 are read with ``numpy.frombuffer`` over the file's bytes or over a read-only memory map,
 so that loading copies nothing and processes mapping one file share its pages. Every
 field is checked before it is used: a truncated, corrupt or foreign file, a newer format
@@ -27,7 +28,10 @@ import mmap
 import os
 import secrets
 import struct
+import threading
 import zlib
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +48,23 @@ _PREAMBLE = struct.Struct("<8sIII")
 _ALIGN = 64
 _DTYPES = {"|b1", "|u1", "<u2", "<i4", "<i8", "<u8"}  # what the automata hold
 _MAX_HEADER = 1 << 24
+_CHUNK = 1 << 22  # arrays are checksummed in 4 MiB pieces, so that loading verifies them in parallel
+_VERIFIERS: ThreadPoolExecutor | None = None
+_VERIFIERS_LOCK = threading.Lock()
+
+
+def _chunk_crcs(array: npt.NDArray[Any]) -> list[int]:
+    """The CRC-32 of each 4 MiB piece of an array's bytes (one for an empty array)."""
+    raw = array.data.cast("B")
+    return [zlib.crc32(raw[start : start + _CHUNK]) for start in range(0, max(len(raw), 1), _CHUNK)]
+
+
+def _verifiers() -> ThreadPoolExecutor:
+    global _VERIFIERS
+    with _VERIFIERS_LOCK:
+        if _VERIFIERS is None:  # zlib releases the GIL: the pieces are checked on every core
+            _VERIFIERS = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="triemask-verify")
+        return _VERIFIERS
 
 
 def cache_directory() -> Path:
@@ -65,6 +86,24 @@ class Stored:
         self.header = header
         self.arrays = arrays
         self.source = source
+
+    def verify_in_background(self) -> Callable[[], None]:
+        """Start checking every array's checksums on worker threads (zlib releases the GIL)
+        while the caller builds the automaton; the returned function waits for them and
+        raises AutomatonFileError naming the first array that fails."""
+        checks = []
+        for name, array in self.arrays.items():
+            raw = array.data.cast("B")
+            expected = self.header["arrays"][name]["crc32"]
+            for i, start in enumerate(range(0, max(len(raw), 1), _CHUNK)):
+                checks.append((name, expected[i], _verifiers().submit(zlib.crc32, raw[start : start + _CHUNK])))
+
+        def wait() -> None:
+            for name, expected, crc in checks:
+                if crc.result() != expected:
+                    raise AutomatonFileError(f"{self.source} is corrupt: array {name!r} fails its checksum", field=name)
+
+        return wait
 
     @property
     def kind(self) -> str:
@@ -109,7 +148,7 @@ def _layout(
                 "shape": list(data.shape),
                 "offset": offset,
                 "nbytes": data.nbytes,
-                "crc32": zlib.crc32(data.data.cast("B")),
+                "crc32": _chunk_crcs(data),
             }
             placed.append((offset, data))
             offset += -(-data.nbytes // _ALIGN) * _ALIGN
@@ -247,7 +286,10 @@ def _array(buffer: Any, name: str, array_name: str, entry: Any, size: int, verif
         dtype, shape, offset, nbytes, crc = (entry[k] for k in ("dtype", "shape", "offset", "nbytes", "crc32"))
         if dtype not in _DTYPES or not isinstance(shape, list) or len(shape) != 1:
             raise TypeError(f"dtype {dtype!r} shape {shape!r}")
-        if not all(type(x) is int and x >= 0 for x in (*shape, offset, nbytes, crc)):
+        pieces = max(1, -(-nbytes // _CHUNK))
+        if not isinstance(crc, list) or len(crc) != pieces or not all(type(c) is int for c in crc):
+            raise TypeError(f"{pieces} checksums expected")
+        if not all(type(x) is int and x >= 0 for x in (*shape, offset, nbytes)):
             raise TypeError("negative or non-integer sizes")
     except (KeyError, TypeError) as error:
         raise AutomatonFileError(
@@ -260,6 +302,6 @@ def _array(buffer: Any, name: str, array_name: str, entry: Any, size: int, verif
             field=array_name,
         )
     array = np.frombuffer(buffer, dtype=np.dtype(dtype), count=shape[0], offset=offset)
-    if verify and zlib.crc32(array.data.cast("B")) != crc:
+    if verify and _chunk_crcs(array) != crc:
         raise AutomatonFileError(f"{name} is corrupt: array {array_name!r} fails its checksum", field=array_name)
     return array

@@ -223,9 +223,13 @@ class TokenIndex:
         if path.exists():
             started = time.perf_counter()
             try:
-                stored = _storage.read(path, kinds=("token_index",))
+                stored = _storage.read(path, kinds=("token_index",), verify=False)
                 stored.check_vocabulary(vocab.fingerprint)
-                index = cls._from_stored(vocab, stored, started)
+                checked = stored.verify_in_background()  # on worker threads, while the index is checked
+                try:
+                    index = cls._from_stored(vocab, stored, started)
+                finally:
+                    checked()
             except (AutomatonFileError, KeyError, TypeError, ValueError) as error:
                 note = f"built (the cached file was not usable: {error})"
             else:
