@@ -157,6 +157,7 @@ def test_bad_updates_are_named() -> None:
     with pytest.raises(ValueSetError, match="empty set"):
         base.with_values(removed=["a", "b"], compiler=compiler)
     assert base.with_values(added=["a"], compiler=compiler) is base  # nothing changes
+    assert base.with_values(compiler=compiler) is base
     with pytest.raises(ArgumentTypeError, match="not the one this automaton was compiled for"):
         base.with_values(added=["c"], compiler=Compiler(byte_vocabulary([b"xy"]), disk_cache=False))
     with pytest.raises(ArgumentTypeError, match="not the language of a pattern"):

@@ -73,8 +73,12 @@ def updated(
         raise ArgumentTypeError("with_values updates sets of values, not the language of a pattern")
     are_str = base.values_are_str
     adding, removing = set(_as_values(added, are_str, "added")), set(_as_values(removed, are_str, "removed"))
+    if not adding and not removing:
+        return automaton
     byte_tokens = compiler.single_byte_tokens()
-    if (byte_tokens < 0).any():  # the walks below read a node's children from single-byte tokens
+    # merged at lookup: plain (eager) tries, with a single-byte token for every byte (the walks
+    # below read a node's children from them); any other set is compiled whole
+    if type(base) is not TrieAutomaton or (byte_tokens < 0).any():
         return _recompiled(base, automaton, adding, removing, compiler)
     candidates = sorted(removing | adding | set(prior_removed), key=repr)  # one walk for all
     paths, lengths = _walks(base, candidates, byte_tokens)
@@ -91,7 +95,7 @@ def updated(
     change = len(tombstoned) + len(delta_values)
     if change == 0:
         return base
-    if type(base) is not TrieAutomaton or change > COMPACT_FRACTION * base.num_values:
+    if change > COMPACT_FRACTION * base.num_values:
         return _recompiled(base, automaton, adding, removing, compiler)
     delta = compiler.compile(delta_values, eos=base.eos) if delta_values else None
     chosen = np.asarray([i for i, v in enumerate(candidates) if v in tombstoned], dtype=np.int64)
