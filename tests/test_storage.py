@@ -266,3 +266,15 @@ def test_the_token_index_is_cached_on_disk(tmp_path: Path) -> None:
     blocked = tmp_path / "file"
     blocked.write_text("not a folder")
     assert "not written" in Compiler(vocab, cache_dir=blocked / "sub").stats()["source"]
+
+
+def test_a_header_and_fields_naming_different_vocabularies_are_refused(tmp_path: Path) -> None:
+    from triemask import _storage
+    from triemask._automaton import restore_stored
+
+    path = tmp_path / "set.tm"
+    compiled("trie").save(path)
+    _rewrite_header(path, {"vocab_fingerprint": "0" * 32})  # checksums valid, the fields disagree
+    with pytest.raises(AutomatonFileError, match="its fields name another vocabulary than its header") as raised:
+        restore_stored(_storage.read(path, kinds=("trie",)))
+    assert raised.value.field == "header"

@@ -285,9 +285,13 @@ def test_generate_json_returns_valid_objects() -> None:
         },
     ]
     prompts = ["Which tool?", "x", "A longer question about which function to call first"]
+    cache = triemask.default_compile_cache()
     for seed in range(2):
         model = tiny_causal_lm(len(tokenizer), seed)  # type: ignore[arg-type]
+        hits = cache.stats()["hits"]
         answers = triemask.generate_json(model, tokenizer, prompts, schema, batch_size=2, max_new_tokens=60)
+        if seed:  # the second call finds the schema compiled (the same vocabulary, the same schema)
+            assert cache.stats()["hits"] > hits
         assert all(a["name"] in schema["properties"]["name"]["enum"] and isinstance(a["ok"], bool) for a in answers)  # type: ignore[index]
         calls = triemask.generate_json(model, tokenizer, prompts, tools, max_new_tokens=60)
         for call in calls:

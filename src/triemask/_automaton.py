@@ -878,6 +878,10 @@ def register_kind(cls: type[TrieAutomaton]) -> type[TrieAutomaton]:
 
 def restore_stored(stored: _storage.Stored) -> TrieAutomaton:
     """The automaton a file holds (its vocabulary not checked: :meth:`TrieAutomaton.load` does)."""
+    if stored.meta.get("vocab_fingerprint") != stored.header["vocab_fingerprint"]:
+        raise AutomatonFileError(
+            f"{stored.source} is corrupt: its fields name another vocabulary than its header", field="header"
+        )
     try:
         return _KINDS[stored.kind]._from_stored(stored.meta, stored.arrays)
     except (KeyError, TypeError, ValueError) as error:  # a field missing, or arrays that do not fit together

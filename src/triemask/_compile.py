@@ -95,7 +95,7 @@ class Compiler:
     [0, 1, 2]
     """
 
-    __slots__ = ("__weakref__", "_index", "_index_source", "_token_bytes", "_vocab")
+    __slots__ = ("__weakref__", "_index", "_index_source", "_vocab")
 
     def __init__(
         self, vocab: Vocabulary, *, disk_cache: bool = True, cache_dir: str | os.PathLike[str] | None = None
@@ -105,7 +105,6 @@ class Compiler:
         self._vocab = vocab
         directory = (Path(cache_dir) if cache_dir is not None else cache_directory()) if disk_cache else None
         self._index, self._index_source = TokenIndex.cached(vocab, directory)
-        self._token_bytes: frozenset[bytes] | None = None  # made on first use (with_values)
         with _BY_FINGERPRINT_LOCK:  # for TrieAutomaton.with_values
             for key in [k for k, live in _BY_FINGERPRINT.items() if not live]:
                 del _BY_FINGERPRINT[key]
@@ -125,19 +124,6 @@ class Compiler:
         order = ids[::-1]  # the smallest id written last
         found[raw[offsets[order]]] = order
         return found
-
-    def token_bytes(self) -> frozenset[bytes]:
-        """The byte strings of every text token (made once, on first use)."""
-        if self._token_bytes is None:
-            lengths, offsets, data = self._vocab.byte_table()
-            ids = np.flatnonzero(lengths > 0).tolist()
-            self._token_bytes = frozenset(data[offsets[i] : offsets[i] + lengths[i]] for i in ids)
-        return self._token_bytes
-
-    @property
-    def max_token_bytes(self) -> int:
-        """The longest text token's length in bytes."""
-        return int(self._index.stats()["max_token_bytes"])
 
     def stats(self) -> dict[str, Any]:
         """Sizes and build (or load) time of the per-vocabulary token index, and ``source``:

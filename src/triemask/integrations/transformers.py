@@ -12,6 +12,7 @@ then one gather and one scatter, so the cost follows the allowed tokens, not the
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -369,11 +370,7 @@ def generate_json(
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     compiled = schema_or_tools
     if not isinstance(compiled, CompiledSchema):
-        compiler = compiler_for(model, tokenizer)
-        if isinstance(compiled, list):
-            compiled = compiler.compile_tools(compiled, any_whitespace=any_whitespace)
-        else:
-            compiled = compiler.compile_json_schema(compiled, any_whitespace=any_whitespace)
+        compiled = _compiled_schema(compiler_for(model, tokenizer), compiled, any_whitespace)
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens}
     options.update(generate_kwargs)
     eos = model_eos_token_ids(model, tokenizer)
@@ -401,6 +398,24 @@ def _encode_left_padded(tokenizer: Any, batch: list[str]) -> Any:
         return tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not templated)
     finally:
         tokenizer.padding_side = side
+
+
+def _compiled_schema(compiler: Compiler, given: Any, any_whitespace: bool) -> CompiledSchema:
+    """A schema or tool list compiled, through the process's compile cache when it is plain
+    JSON (a dict, a list or JSON text): the same schema is compiled once."""
+
+    def build() -> CompiledSchema:
+        if isinstance(given, list):
+            return compiler.compile_tools(given, any_whitespace=any_whitespace)
+        return compiler.compile_json_schema(given, any_whitespace=any_whitespace)
+
+    try:
+        text = json.dumps(json.loads(given) if isinstance(given, str) else given, sort_keys=True)
+    except (TypeError, ValueError):  # a pydantic class, or text that is not JSON: compiled (and checked) as is
+        return build()
+    kind = "tools" if isinstance(given, list) else "schema"
+    key = (kind, compiler.vocab.fingerprint, text, any_whitespace)
+    return default_compile_cache().get(key, build, lambda compiled: compiled.memory_bytes)
 
 
 def compiler_for(model: Any, tokenizer: Any) -> Compiler:
