@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import real_vocabulary
-from triemask import TrieAutomaton
+from triemask import Compiler, TrieAutomaton
 from triemask.app.cli import main
 
 
@@ -65,3 +65,21 @@ def test_bad_arguments_end_with_one_line(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("\n\n")
     with pytest.raises(SystemExit, match="holds no value"):
         main(["compile", str(tmp_path / "empty.txt"), "--vocab", "tiktoken:cl100k_base", "-o", str(tmp_path / "e.tm")])
+
+
+def test_inspect_a_compiled_schema(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("xgrammar")
+    compiler = Compiler(real_vocabulary("cl100k_base").vocab, disk_cache=False)
+    schema = {"type": "object", "properties": {"code": {"enum": [f"A{i:03d}" for i in range(300)]}}}
+    path = tmp_path / "schema.tm"
+    compiler.compile_json_schema(schema).save(path)
+    main(["inspect", str(path), "--json"])
+    description = json.loads(capsys.readouterr().out)
+    assert description["kind"] == "schema"
+    assert description["fields"] == [
+        {"paths": ["$.properties.code.enum"], "values": 300, "nodes": description["fields"][0]["nodes"]}
+    ]
+    main(["inspect", str(path), "--vocab", "tiktoken:cl100k_base"])  # loads it with that vocabulary
+    assert "enum field $.properties.code.enum: 300 values" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="compiled for the vocabulary with fingerprint"):
+        main(["inspect", str(path), "--vocab", "tiktoken:o200k_base"])

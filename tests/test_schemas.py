@@ -397,7 +397,9 @@ def test_accepting_without_filling_follows_every_reading(byte_vocab: Vocabulary,
     assert matcher.text == b'{"name": "get'
 
 
-def test_copies_are_independent_and_pickling_says_why_not(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+def test_copies_are_independent_and_matchers_say_why_not_pickled(
+    byte_vocab: Vocabulary, byte_compiler: Compiler
+) -> None:
     import copy
     import pickle
 
@@ -409,9 +411,8 @@ def test_copies_are_independent_and_pickling_says_why_not(byte_vocab: Vocabulary
         assert matcher.text == b'{"'  # the original did not move
         clone.rollback(3)
         assert clone.text == b"" and matcher.text == b'{"'
-    for thing in (matcher, compiled):
-        with pytest.raises(TypeError, match="cannot be pickled"):
-            pickle.dumps(thing)
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        pickle.dumps(matcher)  # it holds xgrammar matchers; the compiled schema pickles (see test_schema_files)
 
 
 def test_batch_fill(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:

@@ -28,6 +28,7 @@ from triemask import (
     Matcher,
     TrieAutomaton,
 )
+from triemask._storage import checksum
 
 VALUES = ["get_user", "get_users", "delete_user", "a", "", "é"]
 
@@ -126,12 +127,13 @@ def test_newer_truncated_and_foreign_files_are_named(tmp_path: Path) -> None:
     compiled("trie").save(path)
     original = path.read_bytes()
 
-    newer = bytearray(original)
-    struct.pack_into("<I", newer, 8, 99)
-    path.write_bytes(bytes(newer))
-    with pytest.raises(AutomatonFileError, match="format version 99, newer than this triemask reads") as raised:
-        TrieAutomaton.load(path, vocab=vocab)
-    assert raised.value.field == "format_version"
+    for version, message in ((99, "format version 99, newer than this triemask reads"), (1, "older than")):
+        changed = bytearray(original)
+        struct.pack_into("<I", changed, 8, version)
+        path.write_bytes(bytes(changed))
+        with pytest.raises(AutomatonFileError, match=message) as raised:
+            TrieAutomaton.load(path, vocab=vocab)
+        assert raised.value.field == "format_version"
 
     path.write_bytes(original[: len(original) - 100])
     with pytest.raises(AutomatonFileError, match="truncated") as raised:
@@ -156,7 +158,7 @@ def test_newer_truncated_and_foreign_files_are_named(tmp_path: Path) -> None:
     data[entry["offset"] : entry["offset"] + entry["nbytes"]] = dests.tobytes()
     path.write_bytes(bytes(data))
     _rewrite_header(
-        path, {"arrays": {**header["arrays"], "edge_dests": {**entry, "crc32": [zlib.crc32(dests.tobytes())]}}}
+        path, {"arrays": {**header["arrays"], "edge_dests": {**entry, "checksums": [checksum(dests.tobytes())]}}}
     )
     with pytest.raises(AutomatonFileError, match="arrays do not form an automaton") as raised:
         TrieAutomaton.load(path, vocab=vocab)
@@ -278,3 +280,21 @@ def test_a_header_and_fields_naming_different_vocabularies_are_refused(tmp_path:
     with pytest.raises(AutomatonFileError, match="its fields name another vocabulary than its header") as raised:
         restore_stored(_storage.read(path, kinds=("trie",)))
     assert raised.value.field == "header"
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 31, 32, 33, 4099, 70_001])
+def test_the_checksum_is_the_reference_and_catches_every_word(size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The C checksum equals the NumPy reference at every length (tails included), and a
+    change anywhere in the bytes changes it."""
+    import triemask._kernels as kernels
+
+    data = bytearray(np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes())
+    native = checksum(data)
+    monkeypatch.setattr(kernels, "KERNELS", None)
+    assert checksum(data) == native
+    monkeypatch.undo()
+    for at in range(0, size, max(1, size // 37)):
+        data[at] ^= 1 << (at % 8)
+        assert checksum(data) != native, at
+        data[at] ^= 1 << (at % 8)
+    assert checksum(data + b"\0") != native  # the length is mixed in: a padding byte is a change

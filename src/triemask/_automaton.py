@@ -22,6 +22,7 @@ __all__ = [
     "dense_threshold",
     "native_kernel",
     "register_kind",
+    "restore_parts",
     "restore_stored",
     "set_bits",
     "set_fingerprint",
@@ -307,14 +308,16 @@ class TrieAutomaton(_Core):
         """Write the automaton to ``path`` in triemask's file format (no pickle): versioned,
         with the vocabulary's and the set's fingerprints, every array aligned and checksummed,
         written atomically. Load it with :meth:`load`."""
+        kind, meta, arrays = self.file_parts()
         _storage.write(
-            path,
-            self._kind,
-            self._meta(),
-            self._stored_arrays(),
-            vocab_fingerprint=self._vocab_fingerprint,
-            set_fingerprint=self.set_fingerprint,
+            path, kind, meta, arrays, vocab_fingerprint=self._vocab_fingerprint, set_fingerprint=self.set_fingerprint
         )
+
+    def file_parts(self) -> tuple[str, dict[str, Any], dict[str, npt.NDArray[Any]]]:
+        """What triemask's file format stores of this automaton: its kind, its scalar fields
+        and its arrays (:meth:`save` writes them; a compiled schema stores its fields' automata
+        this way, and :func:`restore_parts` makes the automaton again)."""
+        return self._kind, self._meta(), self._stored_arrays()
 
     @classmethod
     def load(
@@ -368,12 +371,9 @@ class TrieAutomaton(_Core):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickling goes through the file format: versioned, checked, no pickled internals
+        kind, meta, arrays = self.file_parts()
         blob = _storage.to_bytes(
-            self._kind,
-            self._meta(),
-            self._stored_arrays(),
-            vocab_fingerprint=self._vocab_fingerprint,
-            set_fingerprint=self.set_fingerprint,
+            kind, meta, arrays, vocab_fingerprint=self._vocab_fingerprint, set_fingerprint=self.set_fingerprint
         )
         return (_from_bytes, (blob,))
 
@@ -878,16 +878,32 @@ def register_kind(cls: type[TrieAutomaton]) -> type[TrieAutomaton]:
 
 def restore_stored(stored: _storage.Stored) -> TrieAutomaton:
     """The automaton a file holds (its vocabulary not checked: :meth:`TrieAutomaton.load` does)."""
-    if stored.meta.get("vocab_fingerprint") != stored.header["vocab_fingerprint"]:
+    header = stored.header
+    return restore_parts(
+        stored.kind, stored.meta, stored.arrays, vocab_fingerprint=header["vocab_fingerprint"], source=stored.source
+    )
+
+
+def restore_parts(
+    kind: Any,
+    meta: Any,
+    arrays: dict[str, Any],
+    *,
+    vocab_fingerprint: str,
+    source: str,
+    field: str = "arrays",
+) -> TrieAutomaton:
+    """The automaton of :meth:`TrieAutomaton.file_parts`, checked: raises AutomatonFileError
+    (``.field``: ``field``) when the parts name another vocabulary or do not form one."""
+    if not isinstance(meta, dict) or meta.get("vocab_fingerprint") != vocab_fingerprint:
         raise AutomatonFileError(
-            f"{stored.source} is corrupt: its fields name another vocabulary than its header", field="header"
+            f"{source} is corrupt: its fields name another vocabulary than its header", field="header"
         )
     try:
-        return _KINDS[stored.kind]._from_stored(stored.meta, stored.arrays)
+        return _KINDS[kind]._from_stored(meta, arrays)
     except (KeyError, TypeError, ValueError) as error:  # a field missing, or arrays that do not fit together
         raise AutomatonFileError(
-            f"{stored.source} is corrupt: its arrays do not form an automaton ({type(error).__name__}: {error})",
-            field="arrays",
+            f"{source} is corrupt: its arrays do not form an automaton ({type(error).__name__}: {error})", field=field
         ) from None
 
 

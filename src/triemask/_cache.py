@@ -1,4 +1,5 @@
-"""One compile cache for a process: compiled sets kept by vocabulary and set fingerprint.
+"""One compile cache for a process: compiled sets kept by vocabulary and set fingerprint
+(and compiled schemas by their JSON).
 
 Every adapter (transformers, vLLM, SGLang) compiles through a :class:`CompileCache`, so
 that a set requested again, in any order and with any duplicates, is compiled once. The
@@ -11,6 +12,7 @@ file format (also bounded), so that a restarted process maps what an earlier one
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 import time
@@ -24,6 +26,7 @@ import numpy as np
 from ._automaton import TrieAutomaton, set_fingerprint
 from ._compile import Compiler
 from ._errors import ArgumentTypeError, AutomatonFileError, ValueSetError, integer
+from ._mixed import CompiledSchema
 
 __all__ = ["DEFAULT_COMPILE_CACHE_BYTES", "CompileCache", "default_compile_cache", "values_fingerprint"]
 
@@ -65,7 +68,7 @@ def _exact_key(values: Sequence[Any]) -> str | None:
 
 
 class CompileCache:
-    """Compiled sets (and anything else an adapter builds per request), bounded in bytes.
+    """Compiled sets and schemas (and anything else an adapter builds per request), bounded in bytes.
 
     Parameters
     ----------
@@ -73,8 +76,8 @@ class CompileCache:
         The bound in memory: default ``$TRIEMASK_CACHE_BYTES``, else 1 GiB. An entry's size
         is the automaton's ``memory_bytes`` (or what the adapter declares).
     directory : str or path, optional
-        A second tier on disk: compiled sets are saved there (triemask's file format, named by
-        vocabulary and set fingerprint) and mapped back by later processes. None: memory only.
+        A second tier on disk: compiled sets and schemas are saved there (triemask's file
+        format, named by a hash of their key) and mapped back by later processes. None: memory only.
     max_disk_bytes : int
         The bound of the disk tier (default 4 GiB); the least recently written files go first.
 
@@ -164,6 +167,45 @@ class CompileCache:
 
         return self.get(key, build, lambda automaton: automaton.memory_bytes)
 
+    def compile_schema(self, compiler: Compiler, schema: Any, *, tools: bool = False, **options: Any) -> CompiledSchema:
+        """``compiler.compile_json_schema(schema, **options)`` (``compiler.compile_tools(schema,
+        **options)`` with ``tools=True``), or the one compiled earlier from equal JSON with equal
+        options (in memory, else on disk). A schema that is not plain JSON (a pydantic model
+        class) is compiled each time; errors are the compiler's."""
+        if not isinstance(compiler, Compiler):
+            raise ArgumentTypeError(
+                f"CompileCache.compile_schema needs a triemask.Compiler, got {type(compiler).__qualname__}"
+            )
+
+        def compiled() -> CompiledSchema:
+            if tools:
+                return compiler.compile_tools(schema, **options)
+            return compiler.compile_json_schema(schema, **options)
+
+        try:
+            text = json.dumps(json.loads(schema) if isinstance(schema, str) else schema, sort_keys=True)
+            settings = json.dumps(options, sort_keys=True)
+        except (TypeError, ValueError):  # a pydantic class, or text that is not JSON: compiled (and checked) as is
+            return compiled()
+        key = ("tools" if tools else "schema", compiler.vocab.fingerprint, text, settings)
+
+        def build() -> CompiledSchema:
+            path = self._path(key)
+            if path is not None and path.exists():
+                try:
+                    found = CompiledSchema.load(path, vocab=compiler)
+                except (AutomatonFileError, ImportError):  # corrupt, foreign or unreadable: compiled again
+                    pass
+                else:
+                    with self._lock:
+                        self._counts["disk_hits"] += 1
+                    return found
+            built = compiled()
+            self._to_disk(key, built)
+            return built
+
+        return self.get(key, build, lambda entry: entry.memory_bytes)
+
     # ------------------------------------------------------------------ any entry
 
     def get(self, key: Hashable, build: Callable[[], _T], size: Callable[[_T], int]) -> _T:
@@ -214,7 +256,7 @@ class CompileCache:
         if self.directory is None:
             return None
         name = hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
-        return self.directory / f"set-{name}.tm"
+        return self.directory / f"{key[0]}-{name}.tm"  # set-, schema- or tools-
 
     def _from_disk(self, key: tuple[Any, ...], compiler: Compiler) -> TrieAutomaton | None:
         path = self._path(key)
@@ -230,13 +272,13 @@ class CompileCache:
             self._counts["disk_hits"] += 1
         return automaton
 
-    def _to_disk(self, key: tuple[Any, ...], automaton: TrieAutomaton) -> None:
+    def _to_disk(self, key: tuple[Any, ...], compiled: TrieAutomaton | CompiledSchema) -> None:
         path = self._path(key)
-        if path is None or automaton.memory_bytes > self.max_disk_bytes:
+        if path is None or compiled.memory_bytes > self.max_disk_bytes:
             return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            automaton.save(path)
+            compiled.save(path)
             self._trim_disk()
         except OSError:  # a full or read-only disk: the memory tier still works
             return
@@ -246,13 +288,18 @@ class CompileCache:
     def _trim_disk(self) -> None:
         if self.directory is None:
             return
-        files = sorted(self.directory.glob("set-*.tm"), key=lambda p: p.stat().st_mtime)
+        files = sorted(self._files(), key=lambda p: p.stat().st_mtime)
         total = sum(p.stat().st_size for p in files)
         for oldest in files:
             if total <= self.max_disk_bytes:
                 break
             total -= oldest.stat().st_size
             oldest.unlink(missing_ok=True)
+
+    def _files(self) -> list[Path]:
+        if self.directory is None:
+            return []
+        return [p for prefix in ("set", "schema", "tools") for p in self.directory.glob(f"{prefix}-*.tm")]
 
     # ------------------------------------------------------------------ description
 
@@ -277,7 +324,7 @@ class CompileCache:
             self._aliases.clear()
             self._bytes = 0
         if disk and self.directory is not None:
-            for path in self.directory.glob("set-*.tm"):
+            for path in self._files():
                 path.unlink(missing_ok=True)
 
     def __len__(self) -> int:

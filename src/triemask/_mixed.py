@@ -35,7 +35,9 @@ at compile time, by the same linear pass as whole tokens, so at run time:
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -49,10 +51,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ._automaton import DEAD, TrieAutomaton
+from . import _storage
+from ._automaton import DEAD, TrieAutomaton, restore_parts
 from ._bitmask import as_bitmask_array, bitmask_width
 from ._compile import compile_pattern_with_pseudo_tokens, compile_with_pseudo_tokens
-from ._errors import ArgumentTypeError, IncompatibleValueError, SchemaError, StateError, integer
+from ._errors import (
+    ArgumentTypeError,
+    AutomatonFileError,
+    IncompatibleValueError,
+    SchemaError,
+    StateError,
+    integer,
+)
 from ._regex import unanchored
 from ._schema import dispatch, json_texts, load_schema, placeholder_literal
 from ._token_index import TokenIndex
@@ -69,6 +79,7 @@ __all__ = [
     "allowed_token_rows",
     "configurations_after",
     "fill_next_token_bitmasks",
+    "register_schema_kind",
 ]
 
 DEFAULT_MIN_ENUM_VALUES = 256
@@ -148,6 +159,11 @@ class _Pieces:
             [self.head_rest_tokens, self.head_prefix_tokens, np.where(cross >= 0, cross + support.first_pseudo, cross)]
         )
         self.index = TokenIndex(Vocabulary(self.pieces or [b"\x00"], eos_token_ids=None))
+        # A saved schema numbers pieces: it loads only where the same pieces are built.
+        digest = hashlib.blake2b(first + b"\x00" + last, digest_size=16)
+        digest.update(np.array([len(p) for p in self.pieces], dtype="<i8").tobytes())
+        digest.update(b"".join(self.pieces))
+        self.fingerprint = digest.hexdigest()
 
 
 def _longest_token_prefix(data: bytes, token_ids: dict[bytes, int]) -> int:
@@ -277,8 +293,6 @@ class _Field:
 
     paths: tuple[str, ...]
     automaton: TrieAutomaton
-    values: tuple[Any, ...]
-    texts: tuple[bytes, ...]
     sentinel: bytes
     first: bytes
     last: bytes
@@ -385,8 +399,6 @@ def _compile_field(
     return _Field(
         paths=site_paths,
         automaton=automaton,
-        values=values,
-        texts=tuple(texts),
         sentinel=b"",  # set by the schema, which numbers the fields
         first=first,
         last=last,
@@ -402,6 +414,165 @@ def _compile_field(
         exit_pieces=piece_ids[: len(sources)][keep].astype(np.int32),
         exit_values=dests[: len(sources)][keep].astype(np.int32),
         compile_seconds=time.perf_counter() - started,
+    )
+
+
+def _text_array(text: str) -> npt.NDArray[np.uint8]:
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
+
+
+def _array_text(array: npt.NDArray[Any]) -> str:
+    if array.dtype != np.uint8:
+        raise TypeError(f"text stored as {array.dtype}, not bytes")
+    return array.tobytes().decode("utf-8")
+
+
+def _packed(items: Iterable[bytes]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
+    items = list(items)
+    offsets = np.zeros(len(items) + 1, dtype=np.int64)
+    np.cumsum([len(item) for item in items], out=offsets[1:])
+    return np.frombuffer(b"".join(items), dtype=np.uint8), offsets
+
+
+def _unpacked(flat: npt.NDArray[Any], offsets: npt.NDArray[Any]) -> list[bytes]:
+    if flat.dtype != np.uint8 or offsets.dtype != np.int64 or len(offsets) < 1 or offsets[0] != 0:
+        raise ValueError("packed byte strings of the wrong form")
+    if (np.diff(offsets) < 0).any() or offsets[-1] != len(flat):
+        raise ValueError("packed byte strings out of order or out of bounds")
+    data = flat.tobytes()
+    bounds = offsets.tolist()
+    return [data[a:b] for a, b in pairwise(bounds)]
+
+
+def _field_tables(f: _Field) -> dict[str, npt.NDArray[Any]]:
+    """The boundary tables of a field as flat arrays (for the file format)."""
+    tails, tail_offsets = _packed(f.tails)
+    middles, middle_offsets = _packed(f.middles)
+    prefixes = sorted(f.enter_masks)
+    enter_offsets = np.zeros(len(prefixes) + 1, dtype=np.int64)
+    np.cumsum([len(f.enter_masks[p][0]) for p in prefixes], out=enter_offsets[1:])
+    middle_entries = [(p, *entry) for p, entries in sorted(f.middle_by_prefix.items()) for entry in entries]
+    return {
+        "accepting": f.accepting,
+        "leaves": f.leaves,
+        "tails": tails,
+        "tail_offsets": tail_offsets,
+        "tail_nodes": np.fromiter(f.tails.values(), dtype=np.int32, count=len(f.tails)),
+        "middles": middles,
+        "middle_offsets": middle_offsets,
+        "middle_nodes": np.fromiter(f.middles.values(), dtype=np.int32, count=len(f.middles)),
+        "crossing": np.array(sorted(f.crossing), dtype=np.int32),
+        "enter_prefixes": np.array(prefixes, dtype=np.int32),
+        "enter_offsets": enter_offsets,
+        "enter_words": np.concatenate([f.enter_masks[p][0] for p in prefixes] or [np.zeros(0, np.int64)]),
+        "enter_bits": np.concatenate([f.enter_masks[p][1] for p in prefixes] or [np.zeros(0, np.int32)]),
+        "middle_entries": np.array(middle_entries, dtype=np.int32).reshape(-1),
+        "exit_nodes": f.exit_nodes,
+        "exit_pieces": f.exit_pieces,
+        "exit_values": f.exit_values,
+    }
+
+
+def _restore_field(stored: _storage.Stored, support: _VocabularySupport, k: int, entry: dict[str, Any]) -> _Field:
+    """Field ``k`` of a stored schema, every table checked against its automaton, the
+    vocabulary and the token pieces (a checksum-valid but inconsistent file is refused,
+    never left to fail in a decoding step)."""
+    arrays = stored.arrays
+
+    def table(name: str, dtype: Any) -> npt.NDArray[Any]:
+        array = arrays[f"f{k}.{name}"]
+        if array.dtype != dtype:
+            raise TypeError(f"f{k}.{name} is {array.dtype}, not {np.dtype(dtype)}")
+        return array
+
+    def within(name: str, array: npt.NDArray[Any], high: int) -> npt.NDArray[Any]:
+        if array.size and not (int(array.min()) >= 0 and int(array.max()) < high):
+            raise ValueError(f"field {k}: {name} outside [0, {high})")
+        return array
+
+    prefix = f"f{k}.automaton."
+    automaton = restore_parts(
+        entry["automaton_kind"],
+        entry["automaton_meta"],
+        {name.removeprefix(prefix): array for name, array in arrays.items() if name.startswith(prefix)},
+        vocab_fingerprint=stored.header["vocab_fingerprint"],
+        source=stored.source,
+        field=f"f{k}.automaton",
+    )
+    first, last = bytes.fromhex(entry["first"]), bytes.fromhex(entry["last"])
+    pieces = support.pieces(first, last)
+    if entry["pieces_fingerprint"] != pieces.fingerprint:
+        raise AutomatonFileError(
+            f"{stored.source} was written by a triemask that cuts tokens into other pieces: compile the schema again",
+            field="pieces_fingerprint",
+        )
+    states = automaton.num_nodes + 1  # node ids, and the one past them that `accepting` also holds
+    accepting, leaves = table("accepting", np.bool_), table("leaves", np.bool_)
+    if len(accepting) != states or len(leaves) != states:
+        raise ValueError(f"field {k}: {len(accepting)} and {len(leaves)} node flags for {states} nodes")
+    tails = dict(
+        zip(
+            _unpacked(table("tails", np.uint8), table("tail_offsets", np.int64)),
+            within("tail nodes", table("tail_nodes", np.int32), states).tolist(),
+            strict=True,
+        )
+    )
+    middles = dict(
+        zip(
+            _unpacked(table("middles", np.uint8), table("middle_offsets", np.int64)),
+            within("middle nodes", table("middle_nodes", np.int32), states).tolist(),
+            strict=True,
+        )
+    )
+    crossing = within("crossing tokens", table("crossing", np.int32), len(support.tokens))
+    enter_prefixes = within("prefixes", table("enter_prefixes", np.int32), len(support.prefixes)).tolist()
+    enter_offsets = table("enter_offsets", np.int64)
+    enter_words = within("mask words", table("enter_words", np.int64), support.width)
+    enter_bits = table("enter_bits", np.int32)
+    if (
+        len(enter_offsets) != len(enter_prefixes) + 1
+        or enter_offsets[0] != 0
+        or (np.diff(enter_offsets) < 0).any()
+        or enter_offsets[-1] != len(enter_words)
+        or len(enter_bits) != len(enter_words)
+    ):
+        raise ValueError(f"field {k}: entry masks out of order or out of bounds")
+    bounds = enter_offsets.tolist()
+    enter_masks = {
+        p: (enter_words[a:b], enter_bits[a:b]) for p, (a, b) in zip(enter_prefixes, pairwise(bounds), strict=True)
+    }
+    rows = table("middle_entries", np.int32)
+    if len(rows) % 5:
+        raise ValueError(f"field {k}: middle entries of the wrong length")
+    middle_by_prefix: dict[int, list[tuple[int, int, int, int]]] = {}
+    for p, token, start, end, node in rows.reshape(-1, 5).tolist():
+        data = support.tokens[token] if 0 <= token < len(support.tokens) else None
+        if not (0 <= p < len(support.prefixes) and data and 0 <= start < end <= len(data) and 0 <= node < states):
+            raise ValueError(f"field {k}: middle entry {(p, token, start, end, node)} outside the vocabulary")
+        middle_by_prefix.setdefault(p, []).append((token, start, end, node))
+    exit_nodes = within("exit nodes", table("exit_nodes", np.int32), states)
+    exit_pieces = within("exit pieces", table("exit_pieces", np.int32), len(pieces.pieces))
+    exit_values = within("exit values", table("exit_values", np.int32), states)
+    if not len(exit_nodes) == len(exit_pieces) == len(exit_values) or (np.diff(exit_nodes) < 0).any():
+        raise ValueError(f"field {k}: exit tables of unequal lengths or out of order")
+    return _Field(
+        paths=tuple(str(p) for p in entry["paths"]),
+        automaton=automaton,
+        sentinel=bytes.fromhex(entry["sentinel"]),
+        first=first,
+        last=last,
+        pieces=pieces,
+        accepting=accepting,
+        leaves=leaves,
+        tails=tails,
+        middles=middles,
+        crossing=frozenset(crossing.tolist()),
+        enter_masks=enter_masks,
+        middle_by_prefix=middle_by_prefix,
+        exit_nodes=exit_nodes,
+        exit_pieces=exit_pieces,
+        exit_values=exit_values,
+        compile_seconds=float(entry["compile_seconds"]),
     )
 
 
@@ -469,15 +640,21 @@ class CompiledSchema:
             else:
                 fields[k] = replace(fields[k], paths=(*fields[k].paths, site.path))
             ebnf = ebnf.replace(placeholder_literal(site.placeholder), _ebnf_literal(fields[k].sentinel))
+        self._min_enum_values = min_enum_values
+        self._ebnf = ebnf
+        self._finish(fields, support.grammar_compiler.compile_grammar(ebnf))
+        self._compile_seconds = time.perf_counter() - started
+
+    def _finish(self, fields: Sequence[_Field], grammar: Any) -> None:
+        """What the fields and the structure's grammar imply (compiled or loaded alike)."""
         self._fields = tuple(fields)
-        self._grammar = support.grammar_compiler.compile_grammar(ebnf)
-        self._crossing = frozenset().union(*(f.crossing for f in fields))
+        self._grammar = grammar
+        self._crossing: frozenset[int] = frozenset().union(*(f.crossing for f in fields))
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
             for prefix in {*f.enter_masks, *f.middle_by_prefix}:
                 self._fields_by_prefix.setdefault(prefix, []).append(k)
         self._starts_first = bytes(sorted({c for f in fields for c in f.first}))
-        self._compile_seconds = time.perf_counter() - started
 
     # ------------------------------------------------------------------ public
 
@@ -531,11 +708,171 @@ class CompiledSchema:
             "compile_seconds": self._compile_seconds,
         }
 
-    def __reduce__(self) -> Any:
-        raise TypeError(
-            "a CompiledSchema cannot be pickled (it holds xgrammar's compiled grammar); share it within "
-            "a process, or compile it again from its schema"
+    # ------------------------------------------------------------------ files
+
+    _kind = "schema"
+
+    @property
+    def fingerprint(self) -> str:
+        """Fingerprint of what was compiled: the schema (or tool list) and the options."""
+        digest = hashlib.blake2b(self._kind.encode(), digest_size=16)
+        digest.update(json.dumps([self._described(), self._file_options()], sort_keys=True).encode())
+        return digest.hexdigest()
+
+    def _described(self) -> Any:
+        """What the file stores to describe what was compiled (the tool list for tools)."""
+        return self._schema
+
+    def _file_options(self) -> dict[str, Any]:
+        return {**self._options, "min_enum_values": self._min_enum_values}
+
+    def _file_parts(self) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+        from importlib.metadata import version
+
+        arrays: dict[str, npt.NDArray[Any]] = {
+            "described": _text_array(json.dumps(self._described(), sort_keys=True)),
+            "ebnf": _text_array(self._ebnf),
+            "grammar": _text_array(self._grammar.serialize_json()),
+        }
+        fields = []
+        for k, f in enumerate(self._fields):
+            kind, automaton_meta, automaton_arrays = f.automaton.file_parts()
+            arrays.update({f"f{k}.automaton.{name}": array for name, array in automaton_arrays.items()})
+            arrays.update({f"f{k}.{name}": array for name, array in _field_tables(f).items()})
+            fields.append(
+                {
+                    "paths": list(f.paths),
+                    "sentinel": f.sentinel.hex(),
+                    "first": f.first.hex(),
+                    "last": f.last.hex(),
+                    "pieces_fingerprint": f.pieces.fingerprint,
+                    "automaton_kind": kind,
+                    "automaton_meta": automaton_meta,
+                    "compile_seconds": f.compile_seconds,
+                }
+            )
+        meta = {
+            "vocab_fingerprint": self._vocab.fingerprint,
+            "options": self._file_options(),
+            "xgrammar_version": version("xgrammar"),
+            "compile_seconds": self._compile_seconds,
+            "fields": fields,
+        }
+        return meta, arrays
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the compiled schema to ``path`` in triemask's file format (no pickle): the
+        schema, its options, every enum field's automaton and boundary tables, and
+        xgrammar's compiled structure, with the vocabulary's fingerprint, checksummed and
+        written atomically. Load it with :meth:`load`."""
+        meta, arrays = self._file_parts()
+        _storage.write(
+            path, self._kind, meta, arrays, vocab_fingerprint=self._vocab.fingerprint, set_fingerprint=self.fingerprint
         )
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, vocab: Any, mmap: bool = True, verify: bool = True
+    ) -> CompiledSchema:
+        """Load a compiled schema (or tool list) written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or path
+            The file.
+        vocab : Vocabulary or Compiler
+            The vocabulary it must have been compiled for (checked by fingerprint). A tool
+            list compiles its tools' argument schemas on demand with this compiler (one is
+            made from a vocabulary).
+        mmap, verify : bool
+            As in :meth:`TrieAutomaton.load`.
+
+        Raises
+        ------
+        AutomatonFileError
+            The file is missing, truncated, corrupt, not a triemask file, of a newer format,
+            not a compiled schema of this class, or compiled for another vocabulary, or its
+            fields were built by a triemask whose token pieces differ (``.field``).
+        """
+        from ._compile import Compiler
+        from ._vocabulary import Vocabulary
+
+        if isinstance(vocab, Compiler):
+            compiler: Compiler | None = vocab
+            vocabulary = vocab.vocab
+        elif isinstance(vocab, Vocabulary):
+            compiler, vocabulary = None, vocab
+        else:
+            raise ArgumentTypeError(
+                f"load needs vocab=<the triemask.Vocabulary or Compiler>, got {type(vocab).__qualname__}"
+            )
+        stored = _storage.read(path, use_mmap=mmap, verify=False, kinds=tuple(_SCHEMA_KINDS))
+        if not issubclass(_SCHEMA_KINDS[stored.kind], cls):
+            held = _SCHEMA_KINDS[stored.kind].__name__
+            raise AutomatonFileError(f"{stored.source} holds a {held}, not a {cls.__name__}", field="kind")
+        stored.check_vocabulary(vocabulary.fingerprint)
+        checked = stored.verify_in_background() if verify else None  # while the schema is rebuilt
+        try:
+            schema = _SCHEMA_KINDS[stored.kind]._restore(stored, vocabulary, compiler)
+        finally:
+            if checked is not None:
+                checked()
+        return schema
+
+    @classmethod
+    def _restore(cls, stored: _storage.Stored, vocab: Vocabulary, compiler: Compiler | None) -> CompiledSchema:
+        _require_xgrammar()
+        import xgrammar
+
+        self = cls.__new__(cls)
+        meta, arrays, source = stored.meta, stored.arrays, stored.source
+        support = _support(vocab)
+        try:
+            options = meta["options"]
+            self._min_enum_values = integer(options["min_enum_values"], "min_enum_values")
+            self._options = {key: options[key] for key in ("any_whitespace", "indent", "separators", "strict_mode")}
+            if self._options["separators"] is not None:
+                self._options["separators"] = tuple(self._options["separators"])
+            described = json.loads(_array_text(arrays["described"]))
+            self._ebnf = _array_text(arrays["ebnf"])
+            grammar_json = _array_text(arrays["grammar"])
+            fields = [_restore_field(stored, support, k, entry) for k, entry in enumerate(meta["fields"])]
+            self._compile_seconds = float(meta["compile_seconds"])
+        except AutomatonFileError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, StateError) as error:
+            raise AutomatonFileError(
+                f"{source} is corrupt: its fields do not form a compiled schema ({type(error).__name__}: {error})",
+                field="arrays",
+            ) from None
+        self._vocab = vocab
+        self._support = support
+        try:  # xgrammar's own form; compiled again from the structure's grammar text when its
+            # xgrammar version reads it no longer
+            grammar = xgrammar.CompiledGrammar.deserialize_json(grammar_json, support.info)
+        except Exception:  # xgrammar raises several kinds for one answer: not readable
+            try:
+                grammar = support.grammar_compiler.compile_grammar(self._ebnf)
+            except Exception as error:
+                raise AutomatonFileError(
+                    f"{source} is corrupt: its structure's grammar does not compile ({error})", field="ebnf"
+                ) from None
+        self._finish(fields, grammar)
+        self._restore_described(described, meta, vocab, compiler)
+        return self
+
+    def _restore_described(
+        self, described: Any, meta: dict[str, Any], vocab: Vocabulary, compiler: Compiler | None
+    ) -> None:
+        self._schema = load_schema(described)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickling goes through the file format, with the vocabulary (a schema needs its tokens)
+        meta, arrays = self._file_parts()
+        blob = _storage.to_bytes(
+            self._kind, meta, arrays, vocab_fingerprint=self._vocab.fingerprint, set_fingerprint=self.fingerprint
+        )
+        return (_schema_from_bytes, (blob, self._vocab))
 
     def __repr__(self) -> str:
         sizes = ", ".join(str(f.automaton.num_values) for f in self._fields)
@@ -758,6 +1095,21 @@ class CompiledSchema:
                 if any(c[0]._feasible(c[1], data[end:], value_start + data[start:end]) for c in after):
                     _set_bits(row, np.array([token]))
         return entered
+
+
+_SCHEMA_KINDS: dict[str, type[CompiledSchema]] = {"schema": CompiledSchema}
+
+
+def register_schema_kind(cls: type[CompiledSchema]) -> type[CompiledSchema]:
+    """Let files of ``cls._kind`` load as ``cls`` (compiled tool lists register themselves)."""
+    _SCHEMA_KINDS[cls._kind] = cls
+    return cls
+
+
+def _schema_from_bytes(blob: bytes, vocab: Vocabulary) -> CompiledSchema:
+    stored = _storage.read(blob, kinds=tuple(_SCHEMA_KINDS))
+    stored.check_vocabulary(vocab.fingerprint)
+    return _SCHEMA_KINDS[stored.kind]._restore(stored, vocab, None)
 
 
 def _set_bits(row: npt.NDArray[np.int32], tokens: npt.NDArray[np.int64]) -> None:

@@ -161,13 +161,22 @@ static int Kernel_init(Kernel *self, PyObject *args, PyObject *kwds) {
     const int32_t *dests = (const int32_t *)self->edge_dests.buf;
     Py_ssize_t edges = self->edge_tokens.shape[0];
     int bad = eo[0] != 0;
-    for (int64_t i = 1; i < num_nodes + 2; i++) {
-        bad |= eo[i] < eo[i - 1] || eo[i] > edges;
-    }
     uint64_t limit = 32 * (uint64_t)width; /* a token's bit lies in the row */
-    for (Py_ssize_t i = 0; i < edges; i++) {
-        bad |= (uint64_t)(uint32_t)dests[i] >= (uint64_t)num_states || (uint64_t)(uint32_t)tokens[i] >= limit;
+    /* without the GIL: a file's checksums are verified on other threads meanwhile */
+    Py_BEGIN_ALLOW_THREADS
+    /* bitwise, branch-free checks: the compiler vectorises them */
+    for (int64_t i = 1; i < num_nodes + 2; i++) {
+        bad |= (eo[i] < eo[i - 1]) | (eo[i] > edges);
     }
+    /* as unsigned 32-bit values a negative id is >= 2**31, so bounds above that are clamped to it */
+    uint32_t states_bound = num_states > INT32_MAX ? (uint32_t)INT32_MAX + 1 : (uint32_t)num_states;
+    uint32_t token_bound = limit > INT32_MAX ? (uint32_t)INT32_MAX + 1 : (uint32_t)limit;
+    uint32_t over = 0;
+    for (Py_ssize_t i = 0; i < edges; i++) {
+        over |= ((uint32_t)dests[i] >= states_bound) | ((uint32_t)tokens[i] >= token_bound);
+    }
+    bad |= over != 0;
+    Py_END_ALLOW_THREADS
     const int32_t *dense = (const int32_t *)self->dense_nodes.buf;
     Py_ssize_t n_dense = self->dense_nodes.shape[0];
     bad |= dense_min < 1 || self->dense_rows.shape[0] != (Py_ssize_t)n_dense * width;
@@ -2002,6 +2011,64 @@ static PyObject *Kernel_cache_clear(Kernel *self, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+/* checksum(buffer) -> int: the file format's checksum of a run of bytes (see
+ * triemask._storage.checksum, the NumPy reference): the bytes as little-endian 64-bit words
+ * (the last one padded with zeros), each word i mixed by a bijection of (word + (i + 1) * K1),
+ * the results summed and the sum mixed with the length. A changed word always changes its
+ * term, so any corruption inside one word is caught; the GIL is released, so pieces of a
+ * file are checked on every core. */
+#define CHECK_K1 0x9E3779B97F4A7C15ull
+#define CHECK_K2 0xBF58476D1CE4E5B9ull
+#define CHECK_K3 0x94D049BB133111EBull
+
+static inline uint64_t check_term(uint64_t word, uint64_t salt) {
+    uint64_t x = word + salt;
+    x ^= x >> 31;
+    x *= CHECK_K2;
+    return x ^ (x >> 29);
+}
+
+static inline uint64_t load_le64(const unsigned char *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    return w;
+}
+
+static PyObject *checksum(PyObject *module, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const unsigned char *p = (const unsigned char *)view.buf;
+    uint64_t n = (uint64_t)view.len, words = n / 8;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0, i = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (; i + 4 <= words; i += 4) { /* four independent sums: the multiplies overlap */
+        s0 += check_term(load_le64(p + 8 * i), (i + 1) * CHECK_K1);
+        s1 += check_term(load_le64(p + 8 * i + 8), (i + 2) * CHECK_K1);
+        s2 += check_term(load_le64(p + 8 * i + 16), (i + 3) * CHECK_K1);
+        s3 += check_term(load_le64(p + 8 * i + 24), (i + 4) * CHECK_K1);
+    }
+    for (; i < words; i++) {
+        s0 += check_term(load_le64(p + 8 * i), (i + 1) * CHECK_K1);
+    }
+    if (n % 8) {
+        unsigned char last[8] = {0};
+        memcpy(last, p + 8 * words, n % 8);
+        s0 += check_term(load_le64(last), (words + 1) * CHECK_K1);
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&view);
+    uint64_t h = s0 + s1 + s2 + s3 + n;
+    h ^= h >> 33;
+    h *= CHECK_K3;
+    h ^= h >> 33;
+    return PyLong_FromUnsignedLongLong(h);
+}
+
 static PyMethodDef module_methods[] = {
     {"enable_ndarray_headers", enable_ndarray_headers, METH_VARARGS,
      "Check the mirror of NumPy's array header on three probes; read headers directly if it holds."},
@@ -2009,6 +2076,7 @@ static PyMethodDef module_methods[] = {
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask._lazy)."},
+    {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask._storage.checksum)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -21,12 +21,19 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._errors import ArgumentTypeError, SchemaError, integer
-from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, Configuration, configurations_after
+from ._errors import ArgumentTypeError, AutomatonFileError, SchemaError, integer
+from ._mixed import (
+    DEFAULT_MIN_ENUM_VALUES,
+    CompiledSchema,
+    Configuration,
+    configurations_after,
+    register_schema_kind,
+)
 from ._schema import json_texts
 
 if TYPE_CHECKING:
     from ._compile import Compiler
+    from ._vocabulary import Vocabulary
 
 __all__ = ["DEFAULT_TOOL_CACHE_BYTES", "CompiledTools", "read_tools"]
 
@@ -78,6 +85,7 @@ def read_tools(tools: Any) -> list[tuple[str, dict[str, Any]]]:
     return read
 
 
+@register_schema_kind
 class CompiledTools(CompiledSchema):
     """A tool list compiled for one vocabulary (:meth:`Compiler.compile_tools`).
 
@@ -121,15 +129,45 @@ class CompiledTools(CompiledSchema):
             found = re.fullmatch(r"\$\.properties\.name\.enum\[(\d+)\]", exc.path)
             path = f"$[{found.group(1)}].name" if found else "$"
             raise SchemaError(f"{path}: {exc}", path=path) from None
+        self._tools_ready(compiler, min_enum_values, cache_bytes)
+        self._compile_seconds = time.perf_counter() - started
+
+    def _tools_ready(self, compiler: Compiler, min_enum_values: int, cache_bytes: int) -> None:
+        """The tools' state besides the name's schema (compiled or loaded alike)."""
         self._compiler = compiler
         self._min_enum_values = min_enum_values
-        self._by_text = {text: i for i, text in enumerate(json_texts(tuple(names), "$"))}
+        self._by_text = {text: i for i, text in enumerate(json_texts(tuple(self.tool_names), "$"))}
         self._cache_bytes = cache_bytes
         self._arguments: OrderedDict[str, tuple[CompiledSchema, int]] = OrderedDict()  # with its bytes
         self._cached_bytes = 0
         self._lock = threading.Lock()
         self._cache_stats = {"hits": 0, "misses": 0, "evictions": 0, "compile_seconds": 0.0}
-        self._compile_seconds = time.perf_counter() - started
+
+    # ------------------------------------------------------------------ files
+
+    _kind = "tools"
+
+    def _described(self) -> Any:
+        return [{"name": name, "parameters": parameters} for name, parameters in self._tools]
+
+    def _file_options(self) -> dict[str, Any]:
+        return {**super()._file_options(), "cache_bytes": self._cache_bytes}
+
+    def _restore_described(
+        self, described: Any, meta: dict[str, Any], vocab: Vocabulary, compiler: Compiler | None
+    ) -> None:
+        from ._compile import Compiler
+
+        self._schema = {}  # the name's internal schema: not what the user gave
+        self._tools = read_tools(described)
+        options = meta["options"]
+        self._tools_ready(
+            compiler if compiler is not None else Compiler(vocab),
+            integer(options["min_enum_values"], "min_enum_values"),
+            integer(options["cache_bytes"], "cache_bytes"),
+        )
+        if len(self._fields) != 1 or set(self._by_text) != set(self._fields[0].automaton.values()):
+            raise AutomatonFileError("the stored tool names and the name's automaton disagree", field="described")
 
     @property
     def tool_names(self) -> list[str]:

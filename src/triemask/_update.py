@@ -155,8 +155,8 @@ def _tombstones(
     leads into a dead node (those edges go), or when it is a removed value's own node (EOS
     goes)."""
     eos = np.asarray(base.eos_token_ids, dtype=np.int64)
-    single = np.zeros(base.vocab_size + 1, dtype=bool)
-    single[byte_tokens[byte_tokens >= 0]] = True
+    single = np.zeros(base.vocab_size + 1, dtype=np.int64)  # 1 for the single-byte tokens (one per byte)
+    single[byte_tokens[byte_tokens >= 0]] = 1
     removed_indices = np.unique(_indices(base, paths[np.arange(len(paths)), lengths]))
     # the nodes on the removed paths (ascending ids), each with its depth and parent
     depth = np.broadcast_to(np.arange(paths.shape[1]), paths.shape)
@@ -174,8 +174,7 @@ def _tombstones(
     index = _indices(base, nodes)
     keeps_value = (index >= 0) & ~np.isin(index, removed_indices)
     stride = base.num_states + 1
-    child = single[tokens]
-    children = np.bincount(np.unique(rows[child] * stride + dests[child]) // stride, minlength=len(nodes))
+    children = np.bincount(rows, weights=single[tokens], minlength=len(nodes)).astype(np.int64)
     # a node can die only if each of its children lies on a removed path; the others live
     links = np.unique(flat_parents[flat_depths > 0] * stride + flat_nodes[flat_depths > 0]) // stride
     path_children = np.bincount(np.searchsorted(nodes, links), minlength=len(nodes))
@@ -189,16 +188,13 @@ def _tombstones(
         if dead_children.get(node, 0) == wanted:  # every child dead (a leaf has none)
             dead.add(node)
             dead_children[parent] = dead_children.get(parent, 0) + 1
-    dead_sorted = np.sort(np.fromiter(dead, dtype=dests.dtype, count=len(dead)))  # dests' dtype: no casts
-    into_dead = np.zeros(len(dests), dtype=bool)
-    if len(dead_sorted):
-        into_dead = dead_sorted[np.minimum(np.searchsorted(dead_sorted, dests), len(dead_sorted) - 1)] == dests
+    dead_table = np.zeros(stride, dtype=bool)  # by state: one gather tells the edges into dead nodes
+    dead_table[np.fromiter(dead, dtype=np.int64, count=len(dead))] = True
+    into_dead = dead_table[dests]
+    is_dead = dead_table[nodes]
     own = (index >= 0) & np.isin(index, removed_indices)  # a removed value's node: no more EOS
-    is_eos = np.zeros(len(tokens), dtype=bool)
-    for token in eos.tolist():
-        is_eos |= tokens == token
+    is_eos = np.isin(tokens, eos)
     drop = into_dead | (own[rows] & is_eos)
-    is_dead = np.isin(nodes, dead_sorted)
     changed = (np.bincount(rows[drop], minlength=len(nodes)) > 0) & ~is_dead
     # the rewritten nodes' remaining edges, one array each for tokens and destinations
     kept = ~drop & changed[rows]
@@ -469,12 +465,10 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     def edge_arrays(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         raise ArgumentTypeError("an updated automaton merges its parts at lookup: call compacted() for edge arrays")
 
-    def save(self, path: Any) -> None:
-        """Save :meth:`compacted` (a file holds a plain automaton; its states are renumbered)."""
-        self.compacted().save(path)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return self.compacted().__reduce__()
+    def file_parts(self) -> tuple[str, dict[str, Any], dict[str, npt.NDArray[Any]]]:
+        """Those of :meth:`compacted`: saving or pickling stores a plain automaton (its
+        states renumbered)."""
+        return self.compacted().file_parts()
 
     def stats(self) -> dict[str, Any]:
         return {

@@ -20,10 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import AutomatonFileError, Compiler, TrieAutomaton, TriemaskError, Vocabulary
+from .. import AutomatonFileError, CompiledSchema, Compiler, TrieAutomaton, TriemaskError, Vocabulary
+from .._automaton import restore_parts, restore_stored
 from .._storage import cache_directory
 from .._storage import read as read_file
 
+FILE_KINDS = ("trie", "dag", "lazy", "token_index", "schema", "tools")
 QWEN_VOCAB_SIZE = 151936  # Qwen2 / 2.5 models' logits width
 
 
@@ -112,7 +114,7 @@ def compile_command(args: argparse.Namespace) -> None:
 
 def describe(path: Path) -> dict[str, Any]:
     """A compiled file's header, array sizes and structure (no vocabulary needed)."""
-    stored = read_file(path, kinds=("trie", "dag", "lazy", "token_index"))
+    stored = read_file(path, kinds=FILE_KINDS)
     header = stored.header
     description: dict[str, Any] = {
         "file": str(path),
@@ -127,20 +129,35 @@ def describe(path: Path) -> dict[str, Any]:
         },
         "meta": header["meta"],
     }
-    if header["kind"] != "token_index":
-        from .._automaton import restore_stored
-
-        automaton = restore_stored(stored)
-        stats = automaton.stats()
+    if header["kind"] in ("schema", "tools"):  # the fields' automata (the structure needs the vocabulary)
+        description["meta"] = {k: v for k, v in header["meta"].items() if k != "fields"}
+        description["fields"] = []
+        for k, field in enumerate(header["meta"]["fields"]):
+            prefix = f"f{k}.automaton."
+            automaton = restore_parts(
+                field["automaton_kind"],
+                field["automaton_meta"],
+                {n.removeprefix(prefix): a for n, a in stored.arrays.items() if n.startswith(prefix)},
+                vocab_fingerprint=header["vocab_fingerprint"],
+                source=stored.source,
+            )
+            stats = automaton.stats()
+            description["fields"].append(
+                {"paths": field["paths"], "values": stats["values"], "nodes": stats["trie_nodes"]}
+            )
+    elif header["kind"] != "token_index":
+        stats = restore_stored(stored).stats()
         description["stats"] = {k: v for k, v in stats.items() if k != "valid_by_depth"}
         description["valid_by_depth"] = stats.get("valid_by_depth")
     return description
 
 
 def inspect_command(args: argparse.Namespace) -> None:
-    if args.vocab:  # also check that the file belongs to this vocabulary
-        TrieAutomaton.load(args.file, vocab=load_vocabulary(args.vocab, args.vocab_size, args.eos))
     description = describe(args.file)
+    if args.vocab:  # also check that the file belongs to this vocabulary
+        vocab = load_vocabulary(args.vocab, args.vocab_size, args.eos)
+        schema = description["kind"] in ("schema", "tools")
+        (CompiledSchema if schema else TrieAutomaton).load(args.file, vocab=vocab)
     if args.json:
         print(json.dumps(description, indent=1))
         return
@@ -149,9 +166,11 @@ def inspect_command(args: argparse.Namespace) -> None:
     print(f"  vocabulary fingerprint {description['vocab_fingerprint']}")
     print(f"  set fingerprint        {description['set_fingerprint']}")
     for name, entry in description["arrays"].items():
-        print(f"  {name:<18} {entry['dtype']:<4} {entry['length']:>12,} {entry['bytes']:>14,} bytes")
+        print(f"  {name:<26} {entry['dtype']:<4} {entry['length']:>12,} {entry['bytes']:>14,} bytes")
     for key, value in description.get("stats", {}).items():
         print(f"  {key:<22} {value}")
+    for field in description.get("fields", ()):
+        print(f"  enum field {', '.join(field['paths'])}: {field['values']:,} values, {field['nodes']:,} trie nodes")
     if description.get("valid_by_depth"):
         print("\n  allowed tokens by trie depth (paper, Table 15):\n  depth      nodes   mean valid   max valid")
         for row in description["valid_by_depth"]:
@@ -160,11 +179,12 @@ def inspect_command(args: argparse.Namespace) -> None:
 
 def cache_command(args: argparse.Namespace) -> None:
     folder = args.dir or cache_directory()
-    files = sorted([*folder.glob("token-index-*.tmi"), *folder.glob("set-*.tm")]) if folder.exists() else []
+    patterns = ("token-index-*.tmi", "set-*.tm", "schema-*.tm", "tools-*.tm")
+    files = sorted(p for pattern in patterns for p in folder.glob(pattern)) if folder.exists() else []
     print(f"{folder}: {len(files)} files, {sum(p.stat().st_size for p in files):,} bytes")
     for path in files:
         try:
-            header = read_file(path, kinds=("trie", "dag", "lazy", "token_index"), verify=False).header
+            header = read_file(path, kinds=FILE_KINDS, verify=False).header
             what = f"{header['kind']:<12} vocabulary {header['vocab_fingerprint']}"
         except AutomatonFileError as error:
             what = f"unreadable: {error}"

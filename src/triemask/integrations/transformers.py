@@ -12,7 +12,6 @@ then one gather and one scatter, so the cost follows the allowed tokens, not the
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import OrderedDict
@@ -404,18 +403,9 @@ def _compiled_schema(compiler: Compiler, given: Any, any_whitespace: bool) -> Co
     """A schema or tool list compiled, through the process's compile cache when it is plain
     JSON (a dict, a list or JSON text): the same schema is compiled once."""
 
-    def build() -> CompiledSchema:
-        if isinstance(given, list):
-            return compiler.compile_tools(given, any_whitespace=any_whitespace)
-        return compiler.compile_json_schema(given, any_whitespace=any_whitespace)
-
-    try:
-        text = json.dumps(json.loads(given) if isinstance(given, str) else given, sort_keys=True)
-    except (TypeError, ValueError):  # a pydantic class, or text that is not JSON: compiled (and checked) as is
-        return build()
-    kind = "tools" if isinstance(given, list) else "schema"
-    key = (kind, compiler.vocab.fingerprint, text, any_whitespace)
-    return default_compile_cache().get(key, build, lambda compiled: compiled.memory_bytes)
+    return default_compile_cache().compile_schema(
+        compiler, given, tools=isinstance(given, list), any_whitespace=any_whitespace
+    )
 
 
 def compiler_for(model: Any, tokenizer: Any) -> Compiler:
