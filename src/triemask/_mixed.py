@@ -588,7 +588,8 @@ class CompiledSchema:
 
     Immutable and shareable across threads and requests; follow one output with
     ``triemask.Matcher(compiled_schema)``. Built by :meth:`Compiler.compile_json_schema`
-    and :meth:`Compiler.compile_tools`.
+    and :meth:`Compiler.compile_tools`; :meth:`save` writes it to a file (triemask's format)
+    and :meth:`load` maps it back in another process.
     """
 
     def __init__(
