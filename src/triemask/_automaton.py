@@ -6,7 +6,7 @@ import hashlib
 import os
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -341,7 +341,7 @@ class TrieAutomaton(_Core):
             process mapping the same file shares its pages. The file must not be
             modified while mapped (:meth:`save` replaces files by renaming, which is safe).
         verify : bool
-            Check every array's CRC-32s (reads the whole file once, on worker threads while
+            Check every array's checksums (reads the whole file once, on worker threads while
             the automaton is built); the header and every array's bounds are always checked,
             and the arrays' contents are range-checked when the automaton is built.
 
@@ -355,19 +355,16 @@ class TrieAutomaton(_Core):
 
         if not isinstance(vocab, Vocabulary):
             raise ArgumentTypeError(f"load needs vocab=<the triemask.Vocabulary>, got {type(vocab).__qualname__}")
-        stored = _storage.read(path, use_mmap=mmap, verify=False, kinds=tuple(_KINDS))
-        stored.check_vocabulary(vocab.fingerprint)
-        checked = stored.verify_in_background() if verify else None  # while the automaton is built
-        try:
-            automaton = restore_stored(stored)
-        finally:
-            if checked is not None:
-                checked()  # a corrupt array is named before anything else
-        if not isinstance(automaton, cls):
-            raise AutomatonFileError(
-                f"{stored.source} holds a {type(automaton).__name__}, not a {cls.__name__}", field="kind"
-            )
-        return automaton
+
+        def build(stored: _storage.Stored) -> _Automaton:
+            held = _KINDS[stored.kind]
+            if not issubclass(held, cls):
+                raise AutomatonFileError(f"{stored.source} holds a {held.__name__}, not a {cls.__name__}", field="kind")
+            return cast(_Automaton, restore_stored(stored))  # an instance of `held`, a subclass of cls
+
+        return _storage.load(
+            path, kinds=tuple(_KINDS), vocab_fingerprint=vocab.fingerprint, build=build, use_mmap=mmap, verify=verify
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickling goes through the file format: versioned, checked, no pickled internals

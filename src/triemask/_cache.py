@@ -158,7 +158,11 @@ class CompileCache:
         key = ("set", compiler.vocab.fingerprint, fingerprint, bool(eos), layout)
 
         def build() -> TrieAutomaton:
-            found = self._from_disk(key, compiler)
+            found = self._from_disk(
+                key,
+                lambda path: TrieAutomaton.load(path, vocab=compiler.vocab),
+                lambda automaton: automaton.set_fingerprint == fingerprint and automaton.eos == bool(eos),
+            )
             if found is not None:
                 return found
             automaton = compiler.compile(items, eos=eos, layout=layout, max_bytes=max_bytes)
@@ -190,16 +194,9 @@ class CompileCache:
         key = ("tools" if tools else "schema", compiler.vocab.fingerprint, text, settings)
 
         def build() -> CompiledSchema:
-            path = self._path(key)
-            if path is not None and path.exists():
-                try:
-                    found = CompiledSchema.load(path, vocab=compiler)
-                except (AutomatonFileError, ImportError):  # corrupt, foreign or unreadable: compiled again
-                    pass
-                else:
-                    with self._lock:
-                        self._counts["disk_hits"] += 1
-                    return found
+            found = self._from_disk(key, lambda path: CompiledSchema.load(path, vocab=compiler))
+            if found is not None:
+                return found
             built = compiled()
             self._to_disk(key, built)
             return built
@@ -258,19 +255,23 @@ class CompileCache:
         name = hashlib.blake2b(repr(key).encode(), digest_size=16).hexdigest()
         return self.directory / f"{key[0]}-{name}.tm"  # set-, schema- or tools-
 
-    def _from_disk(self, key: tuple[Any, ...], compiler: Compiler) -> TrieAutomaton | None:
+    def _from_disk(
+        self, key: tuple[Any, ...], load: Callable[[Path], _T], fits: Callable[[_T], bool] = lambda _: True
+    ) -> _T | None:
+        """The entry the disk tier holds for ``key`` (``load``-ed, and ``fits`` it), else None:
+        a missing, corrupt or foreign file is compiled again (and replaced)."""
         path = self._path(key)
         if path is None or not path.exists():
             return None
         try:
-            automaton = TrieAutomaton.load(path, vocab=compiler.vocab)
-        except AutomatonFileError:  # corrupt or foreign: compiled again, and replaced
+            found = load(path)
+        except (AutomatonFileError, ImportError):  # ImportError: a schema without xgrammar
             return None
-        if automaton.set_fingerprint != key[2] or automaton.eos != key[3]:
+        if not fits(found):
             return None
         with self._lock:
             self._counts["disk_hits"] += 1
-        return automaton
+        return found
 
     def _to_disk(self, key: tuple[Any, ...], compiled: TrieAutomaton | CompiledSchema) -> None:
         path = self._path(key)

@@ -80,6 +80,7 @@ __all__ = [
     "configurations_after",
     "fill_next_token_bitmasks",
     "register_schema_kind",
+    "stored_field_automaton",
 ]
 
 DEFAULT_MIN_ENUM_VALUES = 256
@@ -473,6 +474,21 @@ def _field_tables(f: _Field) -> dict[str, npt.NDArray[Any]]:
     }
 
 
+def stored_field_automaton(stored: _storage.Stored, k: int) -> TrieAutomaton:
+    """Enum field ``k``'s automaton in a saved schema, checked as any saved automaton is
+    (its vocabulary not: :meth:`CompiledSchema.load` checks the file's)."""
+    entry = stored.meta["fields"][k]
+    prefix = f"f{k}.automaton."
+    return restore_parts(
+        entry["automaton_kind"],
+        entry["automaton_meta"],
+        {name.removeprefix(prefix): array for name, array in stored.arrays.items() if name.startswith(prefix)},
+        vocab_fingerprint=stored.header["vocab_fingerprint"],
+        source=stored.source,
+        field=f"f{k}.automaton",
+    )
+
+
 def _restore_field(stored: _storage.Stored, support: _VocabularySupport, k: int, entry: dict[str, Any]) -> _Field:
     """Field ``k`` of a stored schema, every table checked against its automaton, the
     vocabulary and the token pieces (a checksum-valid but inconsistent file is refused,
@@ -490,15 +506,7 @@ def _restore_field(stored: _storage.Stored, support: _VocabularySupport, k: int,
             raise ValueError(f"field {k}: {name} outside [0, {high})")
         return array
 
-    prefix = f"f{k}.automaton."
-    automaton = restore_parts(
-        entry["automaton_kind"],
-        entry["automaton_meta"],
-        {name.removeprefix(prefix): array for name, array in arrays.items() if name.startswith(prefix)},
-        vocab_fingerprint=stored.header["vocab_fingerprint"],
-        source=stored.source,
-        field=f"f{k}.automaton",
-    )
+    automaton = stored_field_automaton(stored, k)
     first, last = bytes.fromhex(entry["first"]), bytes.fromhex(entry["last"])
     pieces = support.pieces(first, last)
     if entry["pieces_fingerprint"] != pieces.fingerprint:
@@ -807,18 +815,21 @@ class CompiledSchema:
             raise ArgumentTypeError(
                 f"load needs vocab=<the triemask.Vocabulary or Compiler>, got {type(vocab).__qualname__}"
             )
-        stored = _storage.read(path, use_mmap=mmap, verify=False, kinds=tuple(_SCHEMA_KINDS))
-        if not issubclass(_SCHEMA_KINDS[stored.kind], cls):
-            held = _SCHEMA_KINDS[stored.kind].__name__
-            raise AutomatonFileError(f"{stored.source} holds a {held}, not a {cls.__name__}", field="kind")
-        stored.check_vocabulary(vocabulary.fingerprint)
-        checked = stored.verify_in_background() if verify else None  # while the schema is rebuilt
-        try:
-            schema = _SCHEMA_KINDS[stored.kind]._restore(stored, vocabulary, compiler)
-        finally:
-            if checked is not None:
-                checked()
-        return schema
+
+        def build(stored: _storage.Stored) -> CompiledSchema:
+            held = _SCHEMA_KINDS[stored.kind]
+            if not issubclass(held, cls):
+                raise AutomatonFileError(f"{stored.source} holds a {held.__name__}, not a {cls.__name__}", field="kind")
+            return held._restore(stored, vocabulary, compiler)
+
+        return _storage.load(
+            path,
+            kinds=tuple(_SCHEMA_KINDS),
+            vocab_fingerprint=vocabulary.fingerprint,
+            build=build,
+            use_mmap=mmap,
+            verify=verify,
+        )
 
     @classmethod
     def _restore(cls, stored: _storage.Stored, vocab: Vocabulary, compiler: Compiler | None) -> CompiledSchema:

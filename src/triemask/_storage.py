@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +42,7 @@ import numpy.typing as npt
 from . import _kernels
 from ._errors import AutomatonFileError
 
-__all__ = ["FORMAT_VERSION", "Stored", "cache_directory", "checksum", "read", "to_bytes", "write"]
+__all__ = ["FORMAT_VERSION", "Stored", "cache_directory", "checksum", "load", "read", "to_bytes", "write"]
 
 MAGIC = b"TRIEMASK"
 FORMAT_VERSION = 2  # 2: arrays checked by `checksum` (version 1 used zlib's CRC-32, half as fast)
@@ -311,6 +311,31 @@ def read(
     for array_name, entry in entries.items():
         arrays[array_name] = _array(buffer, name, array_name, entry, size, verify)
     return Stored(header, arrays, name)
+
+
+_T = TypeVar("_T")
+
+
+def load(
+    source: str | os.PathLike[str],
+    *,
+    kinds: tuple[str, ...],
+    vocab_fingerprint: str,
+    build: Callable[[Stored], _T],
+    use_mmap: bool = True,
+    verify: bool = True,
+) -> _T:
+    """Read a file, check it was written for the vocabulary with ``vocab_fingerprint``, and
+    ``build`` its object from it while (with ``verify``) the arrays' checksums are checked on
+    worker threads; a corrupt array is named before any error of ``build``."""
+    stored = read(source, use_mmap=use_mmap, verify=False, kinds=kinds)
+    stored.check_vocabulary(vocab_fingerprint)
+    checked = stored.verify_in_background() if verify else None
+    try:
+        return build(stored)
+    finally:
+        if checked is not None:
+            checked()
 
 
 def _array(buffer: Any, name: str, array_name: str, entry: Any, size: int, verify: bool) -> npt.NDArray[Any]:

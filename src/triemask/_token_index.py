@@ -223,13 +223,12 @@ class TokenIndex:
         if path.exists():
             started = time.perf_counter()
             try:
-                stored = _storage.read(path, kinds=("token_index",), verify=False)
-                stored.check_vocabulary(vocab.fingerprint)
-                checked = stored.verify_in_background()  # on worker threads, while the index is checked
-                try:
-                    index = cls._from_stored(vocab, stored, started)
-                finally:
-                    checked()
+                index = _storage.load(  # checksums on worker threads while the index is checked
+                    path,
+                    kinds=("token_index",),
+                    vocab_fingerprint=vocab.fingerprint,
+                    build=lambda stored: cls._from_stored(vocab, stored, started),
+                )
             except (AutomatonFileError, KeyError, TypeError, ValueError) as error:
                 note = f"built (the cached file was not usable: {error})"
             else:

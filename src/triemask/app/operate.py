@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import AutomatonFileError, CompiledSchema, Compiler, TrieAutomaton, TriemaskError, Vocabulary
-from .._automaton import restore_parts, restore_stored
+from .._automaton import restore_stored
+from .._mixed import stored_field_automaton
 from .._storage import cache_directory
 from .._storage import read as read_file
 
@@ -133,15 +134,7 @@ def describe(path: Path) -> dict[str, Any]:
         description["meta"] = {k: v for k, v in header["meta"].items() if k != "fields"}
         description["fields"] = []
         for k, field in enumerate(header["meta"]["fields"]):
-            prefix = f"f{k}.automaton."
-            automaton = restore_parts(
-                field["automaton_kind"],
-                field["automaton_meta"],
-                {n.removeprefix(prefix): a for n, a in stored.arrays.items() if n.startswith(prefix)},
-                vocab_fingerprint=header["vocab_fingerprint"],
-                source=stored.source,
-            )
-            stats = automaton.stats()
+            stats = stored_field_automaton(stored, k).stats()
             description["fields"].append(
                 {"paths": field["paths"], "values": stats["values"], "nodes": stats["trie_nodes"]}
             )
