@@ -174,3 +174,49 @@ def test_bad_updates_are_named() -> None:
     gc.collect()
     with pytest.raises(ArgumentTypeError, match="pass compiler=Compiler"):
         orphan.with_values(added=["r"])
+
+
+@pytest.mark.parametrize("big", [False, True])
+def test_batch_calls_equal_their_rows(big: bool) -> None:
+    """next_states, allowed_token_pairs and fill_bitmask over a batch (one call per part)
+    equal the same calls row by row, at live, rewritten, DEAD and final states; with more
+    than 2**31 pair states, next_states returns them whole (int64)."""
+    compiler = Compiler(byte_vocabulary([b"ab", b"abc", b"_x"]), disk_cache=False)
+    rng = random.Random(int(big))
+    count, longest = (100_000, 14) if big else (400, 9)
+    values = sorted({"".join(rng.choice("abc_x") for _ in range(rng.randint(1, longest))) for _ in range(count)})
+    base = compiler.compile(values)
+    removed = rng.sample(values, len(values) // 50)
+    added = [f"{v}_new" for v in rng.sample(values, len(values) // 50)]
+    updated = base.with_values(added=added, removed=removed)
+    assert isinstance(updated, UpdatedTrieAutomaton)
+    assert (updated.num_states > 2**31) == big
+    # states met along the values' byte paths (rewritten nodes included), and DEAD
+    byte_tokens = compiler.single_byte_tokens()
+    states = {DEAD, updated.initial_state}
+    for value in rng.sample(values, 40) + removed[:20] + added[:20]:
+        state = updated.initial_state
+        for byte in value.encode():
+            state = updated.next_state(state, int(byte_tokens[byte]))
+            states.add(state)
+            if state == DEAD:
+                break
+        states.add(updated.next_state(state, compiler.vocab.eos_token_ids[0]) if state != DEAD else DEAD)
+    batch = np.asarray(sorted(states), dtype=np.int64)
+    tokens = np.asarray([rng.randrange(compiler.vocab.vocab_size) for _ in batch], dtype=np.int64)
+    found = updated.next_states(batch, tokens)
+    assert found.tolist() == [updated.next_state(int(s), int(t)) for s, t in zip(batch, tokens, strict=True)]
+    assert found.dtype == (np.int64 if big else np.int32)
+    rows, ids = updated.allowed_token_pairs(batch)
+    for i, state in enumerate(batch.tolist()):
+        assert ids[rows == i].tolist() == updated.allowed_token_ids(state).tolist()
+    width = (compiler.vocab.vocab_size + 31) // 32
+    together = np.full((len(batch) + 2, width), -1, dtype=np.int32)
+    order = rng.sample(range(len(batch) + 2), len(batch))
+    updated.fill_bitmask(together, batch, rows=order)
+    alone = np.zeros((1, width), dtype=np.int32)
+    for state, row in zip(batch.tolist(), order, strict=True):
+        updated.fill_row(alone, state)
+        assert np.array_equal(together[row], alone[0])
+    with pytest.raises(StateError):
+        updated.next_states(np.asarray([updated.num_states]), np.asarray([0]))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -238,6 +238,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         "_compiler",
         "_delta",
         "_order",
+        "_override_nodes",
         "_overrides",
         "_removed",
         "_removed_values",
@@ -255,6 +256,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         compiler: Compiler,
     ) -> None:
         self._base, self._delta, self._overrides = base, delta, overrides
+        self._override_nodes = np.fromiter(sorted(overrides), dtype=np.int64, count=len(overrides))
         self._removed, self._removed_values, self._added = removed_indices, frozenset(removed_values), tuple(added)
         self._compiler = compiler
         self._span = delta.num_states + 1 if delta is not None else 1  # delta states + DEAD
@@ -296,6 +298,26 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     def _join(self, base: int, delta: int) -> int:
         return (base + 1) * self._span + delta
 
+    def _split_many(self, states: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+        """The parts' states of a batch of valid states (int64), or None when the batch is not
+        a 1-D integer array of states (then the per-row path raises the typed error)."""
+        given = np.asarray(states)
+        if given.ndim != 1 or given.dtype.kind not in "iu" or given.size == 0:
+            return None
+        if int(given.min()) < -1 or int(given.max()) >= self.num_states:
+            return None
+        code = given.astype(np.int64) + 1
+        return code // self._span - 1, code % self._span - 1
+
+    def _plain(self, base: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which base states are live nodes the removals left as they were."""
+        rewritten = self._override_nodes
+        if not len(rewritten):
+            return base >= 0
+        at = np.minimum(np.searchsorted(rewritten, base), len(rewritten) - 1)  # (isin sorts: slower here)
+        plain: npt.NDArray[np.bool_] = (base >= 0) & (rewritten[at] != base)
+        return plain
+
     @property
     def initial_state(self) -> int:
         return self._join(0, 0 if self._delta is not None else -1)
@@ -335,30 +357,76 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     def _next_state_reference(self, state: int, token_id: int) -> int:
         base, delta = self._split(state)
         token_id = state_index(token_id, "token ids")
-        following_base = DEAD
-        if base >= 0:
-            override = self._overrides.get(base)
-            if override is None:
-                following_base = self._base.next_state(base, token_id)
-            else:
-                i = int(np.searchsorted(override[0], token_id))
-                if i < len(override[0]) and override[0][i] == token_id:
-                    following_base = int(override[1][i])
+        following_base = self._next_base(base, token_id) if base >= 0 else DEAD
         following_delta = self._delta.next_state(delta, token_id) if delta >= 0 and self._delta is not None else DEAD
         if following_base == DEAD and following_delta == DEAD:
             return DEAD
         return self._join(following_base, following_delta)
 
     def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
-        pairs = list(zip(np.asarray(states).tolist(), np.asarray(token_ids).tolist(), strict=True))
-        return np.asarray([self.next_state(s, t) for s, t in pairs], dtype=np.int64).astype(np.int32)
+        """Vectorised :meth:`next_state`: one batch call per part (the rows at rewritten
+        nodes one by one). States are pairs: past 2**31 of them the result is int64."""
+        split = self._split_many(states)
+        tokens = np.asarray(token_ids)
+        if split is None or tokens.shape != split[0].shape or tokens.dtype.kind not in "iu" or int(tokens.min()) < 0:
+            pairs = zip(np.asarray(states).tolist(), tokens.tolist(), strict=True)
+            found = np.asarray([self.next_state(s, t) for s, t in pairs], dtype=np.int64)
+        else:
+            base, delta = split
+            tokens = tokens.astype(np.int64)
+            after_base = np.full(len(base), DEAD, dtype=np.int64)
+            plain = self._plain(base)
+            after_base[plain] = self._base.next_states(base[plain], tokens[plain])
+            for i in np.flatnonzero((base >= 0) & ~plain).tolist():
+                after_base[i] = self._next_base(int(base[i]), int(tokens[i]))
+            after_delta = np.full(len(base), DEAD, dtype=np.int64)
+            if self._delta is not None:
+                live = delta >= 0
+                after_delta[live] = self._delta.next_states(delta[live], tokens[live])
+            joined = (after_base + 1) * self._span + after_delta
+            found = np.where((after_base == DEAD) & (after_delta == DEAD), DEAD, joined)
+        return cast(npt.NDArray[np.int32], found.astype(np.int32) if self.num_states < 1 << 31 else found)
 
     def allowed_token_pairs(
         self, states: Sequence[int] | npt.NDArray[np.integer[Any]]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
-        found = [self.allowed_token_ids(s) for s in np.asarray(states).tolist()]
-        rows = np.repeat(np.arange(len(found), dtype=np.int64), [len(f) for f in found])
-        return rows, (np.concatenate(found).astype(np.int32) if found else _EMPTY.copy())
+        split = self._split_many(states)
+        if split is None:  # per row: the typed errors, and the empty batch
+            found = [self.allowed_token_ids(s) for s in np.asarray(states).tolist()]
+            rows = np.repeat(np.arange(len(found), dtype=np.int64), [len(f) for f in found])
+            return rows, (np.concatenate(found).astype(np.int32) if found else _EMPTY.copy())
+        base, delta = split
+        rows_found: list[npt.NDArray[np.int64]] = []
+        tokens_found: list[npt.NDArray[Any]] = []
+        is_plain = self._plain(base)
+        plain = np.flatnonzero(is_plain)
+        if len(plain):
+            r, t = self._base.allowed_token_pairs(base[plain])
+            rows_found.append(plain[r])
+            tokens_found.append(t)
+        for i in np.flatnonzero((base >= 0) & ~is_plain).tolist():
+            rewritten = self._overrides[int(base[i])][0]
+            rows_found.append(np.full(len(rewritten), i, dtype=np.int64))
+            tokens_found.append(rewritten)
+        live = np.flatnonzero(delta >= 0)
+        if len(live) and self._delta is not None:
+            r, t = self._delta.allowed_token_pairs(delta[live])
+            rows_found.append(live[r])
+            tokens_found.append(t)
+        if not rows_found:
+            return np.zeros(0, dtype=np.int64), _EMPTY.copy()
+        stride = 32 * self._width  # one key per (row, token): sorted, then deduplicated
+        keys = np.sort(np.concatenate(rows_found) * stride + np.concatenate(tokens_found).astype(np.int64))
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+        return keys // stride, (keys % stride).astype(np.int32)
+
+    def _next_base(self, base: int, token_id: int) -> int:
+        """The base part's state after ``token_id`` from live node ``base``."""
+        override = self._overrides.get(base)
+        if override is None:
+            return self._base.next_state(base, token_id)
+        i = int(np.searchsorted(override[0], token_id))
+        return int(override[1][i]) if i < len(override[0]) and override[0][i] == token_id else DEAD
 
     def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
         base, delta = self._split(state)
@@ -389,14 +457,37 @@ class UpdatedTrieAutomaton(TrieAutomaton):
 
     def _fill_bitmask_reference(self, bitmask: Any, states: Any, *, rows: npt.ArrayLike | None = None) -> None:
         array = as_bitmask_array(bitmask, self._vocab_size)
-        values = [state_index(s) for s in (states.tolist() if isinstance(states, np.ndarray) else list(states))]
-        targets = list(range(len(values))) if rows is None else self._few_rows(rows, len(values), array.shape[0])
-        if rows is None and len(values) > array.shape[0]:
-            raise StateError(f"{len(values)} states but the bitmask has only {array.shape[0]} rows")
-        for state in values:
-            self._split(state)  # every state checked before any row is written
-        for target, state in zip(targets, values, strict=True):
-            self._fill_row(array[target], state)
+        split = self._split_many(states)
+        values: list[int] = []
+        if split is None:  # per row: every state checked (the typed error) before any row is written
+            values = [state_index(s) for s in (states.tolist() if isinstance(states, np.ndarray) else list(states))]
+            for state in values:
+                self._split(state)
+        count = len(split[0]) if split is not None else len(values)
+        targets = list(range(count)) if rows is None else self._few_rows(rows, count, array.shape[0])
+        if rows is None and count > array.shape[0]:
+            raise StateError(f"{count} states but the bitmask has only {array.shape[0]} rows")
+        if split is None:
+            for target, state in zip(targets, values, strict=True):
+                self._fill_row(array[target], state)
+            return
+        base, delta = split
+        at = np.asarray(targets, dtype=np.int64)
+        plain = self._plain(base)
+        if plain.any():  # the base's own batch fill for the rows it answers alone
+            self._base.fill_bitmask(array, base[plain], rows=at[plain])
+        for i in np.flatnonzero(~plain).tolist():  # DEAD or a rewritten node
+            row = array[at[i]]
+            row.fill(0)
+            if base[i] >= 0:
+                rewritten = self._overrides[int(base[i])][0]
+                set_bits(row, rewritten >> 5, rewritten)
+        live = np.flatnonzero(delta >= 0)
+        if len(live) and self._delta is not None:  # OR in the delta's tokens: few, set bit by bit
+            r, t = self._delta.allowed_token_pairs(delta[live])
+            np.bitwise_or.at(
+                array.view(np.uint32), (at[live][r], t >> 5), np.left_shift(np.uint32(1), (t & 31).astype(np.uint32))
+            )
 
     # ------------------------------------------------------------------ values
 
@@ -454,13 +545,12 @@ class UpdatedTrieAutomaton(TrieAutomaton):
 
     def compacted(self) -> TrieAutomaton:
         """The same set recompiled into a plain automaton (states renumbered; made once)."""
-        with self._compact_lock:
-            if self._compact is None:
-                self._compact = self._compiler.compile(self._merged(), eos=self._eos)
-            return self._compact
-
-    def _merged(self) -> list[Any]:
-        return [v for v in self._base.values() if v not in self._removed_values] + list(self._added)
+        if self._compact is None:
+            values: Any = self.values()  # (takes the lock itself)
+            with self._compact_lock:
+                if self._compact is None:
+                    self._compact = self._compiler.compile(values, eos=self._eos)
+        return self._compact
 
     def edge_arrays(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         raise ArgumentTypeError("an updated automaton merges its parts at lookup: call compacted() for edge arrays")
