@@ -45,6 +45,7 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -160,11 +161,17 @@ class _Pieces:
             [self.head_rest_tokens, self.head_prefix_tokens, np.where(cross >= 0, cross + support.first_pseudo, cross)]
         )
         self.index = TokenIndex(Vocabulary(self.pieces or [b"\x00"], eos_token_ids=None))
-        # A saved schema numbers pieces: it loads only where the same pieces are built.
+        self.bytes_sets = (first, last)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """A saved schema numbers pieces: it loads only where the same pieces are built
+        (computed when a schema is saved or loaded)."""
+        first, last = self.bytes_sets
         digest = hashlib.blake2b(first + b"\x00" + last, digest_size=16)
         digest.update(np.array([len(p) for p in self.pieces], dtype="<i8").tobytes())
         digest.update(b"".join(self.pieces))
-        self.fingerprint = digest.hexdigest()
+        return digest.hexdigest()
 
 
 def _longest_token_prefix(data: bytes, token_ids: dict[bytes, int]) -> int:

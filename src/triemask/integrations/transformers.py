@@ -369,7 +369,10 @@ def generate_json(
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
     compiled = schema_or_tools
     if not isinstance(compiled, CompiledSchema):
-        compiled = _compiled_schema(compiler_for(model, tokenizer), compiled, any_whitespace)
+        # through the process's compile cache: the same plain-JSON schema is compiled once
+        compiled = default_compile_cache().compile_schema(
+            compiler_for(model, tokenizer), compiled, tools=isinstance(compiled, list), any_whitespace=any_whitespace
+        )
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": max_new_tokens}
     options.update(generate_kwargs)
     eos = model_eos_token_ids(model, tokenizer)
@@ -397,15 +400,6 @@ def _encode_left_padded(tokenizer: Any, batch: list[str]) -> Any:
         return tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not templated)
     finally:
         tokenizer.padding_side = side
-
-
-def _compiled_schema(compiler: Compiler, given: Any, any_whitespace: bool) -> CompiledSchema:
-    """A schema or tool list compiled, through the process's compile cache when it is plain
-    JSON (a dict, a list or JSON text): the same schema is compiled once."""
-
-    return default_compile_cache().compile_schema(
-        compiler, given, tools=isinstance(given, list), any_whitespace=any_whitespace
-    )
 
 
 def compiler_for(model: Any, tokenizer: Any) -> Compiler:
