@@ -96,11 +96,22 @@ def dense_threshold(width: int) -> int:
 
 
 def _dense_rows(
-    tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32], num_nodes: int, width: int
+    tokens: npt.NDArray[np.int32],
+    offsets: npt.NDArray[np.int32],
+    num_nodes: int,
+    width: int,
+    nodes: npt.NDArray[np.int32] | None = None,
 ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
-    """The nodes (ascending) whose rows are stored whole, and those rows, flat."""
-    counts = np.diff(offsets[: num_nodes + 1])
-    nodes = np.flatnonzero(counts >= dense_threshold(width)).astype(np.int32)
+    """The nodes (ascending) whose rows are stored whole, and those rows, flat. ``nodes``: the
+    nodes as a file stored them (saves a pass over every node's offsets when loading; any
+    ascending nodes give the same masks, since each row is built from the node's edges)."""
+    if nodes is None:
+        counts = np.diff(offsets[: num_nodes + 1])
+        nodes = np.flatnonzero(counts >= dense_threshold(width)).astype(np.int32)
+    elif nodes.dtype != np.int32 or nodes.ndim != 1:
+        raise ValueError(f"dense nodes are {nodes.dtype} of shape {nodes.shape}, not a 1-D int32 array")
+    elif len(nodes) and (int(nodes[0]) < 0 or int(nodes[-1]) >= num_nodes or (np.diff(nodes) <= 0).any()):
+        raise ValueError("dense nodes are not ascending nodes of the trie")
     rows = np.zeros((len(nodes), width), dtype=np.int32)
     for row, node in zip(rows, nodes.tolist(), strict=True):
         allowed = tokens[offsets[node] : offsets[node + 1]]
@@ -219,6 +230,7 @@ class TrieAutomaton(_Core):
         eos_token_ids: tuple[int, ...],
         eos: bool,
         compile_seconds: float,
+        dense_nodes: npt.NDArray[np.int32] | None = None,
     ) -> None:
         self._num_nodes = len(edge_offsets) - 2  # the last offset pair is an empty sentinel
         self._num_values = len(value_starts) - 1
@@ -239,8 +251,11 @@ class TrieAutomaton(_Core):
         self._eos = eos
         self._compile_seconds = compile_seconds
         self._set_fingerprint: str | None = None  # computed on first use
-        # the rows of the nodes allowing half a row's worth of tokens, derived (never saved)
-        self._dense_nodes, self._dense_rows = _dense_rows(edge_tokens, edge_offsets, self._num_nodes, self._width)
+        # the rows of the nodes allowing half a row's worth of tokens, derived (the nodes are
+        # saved, the rows never)
+        self._dense_nodes, self._dense_rows = _dense_rows(
+            edge_tokens, edge_offsets, self._num_nodes, self._width, dense_nodes
+        )
         for array in self._arrays():
             array.flags.writeable = False
         # memoryviews give the per-step paths Python ints without numpy scalar overhead.
@@ -275,6 +290,7 @@ class TrieAutomaton(_Core):
         "value_starts",
         "level_offsets",
     )
+    _DERIVED: ClassVar[tuple[str, ...]] = ("dense_nodes",)  # saved to spare loading a pass; optional in a file
 
     def _meta(self) -> dict[str, Any]:
         """The scalar fields a file stores (JSON), besides the arrays."""
@@ -289,11 +305,11 @@ class TrieAutomaton(_Core):
         }
 
     def _stored_arrays(self) -> dict[str, npt.NDArray[Any]]:
-        return {name: getattr(self, f"_{name}") for name in self._ARRAYS}
+        return {name: getattr(self, f"_{name}") for name in (*self._ARRAYS, *self._DERIVED)}
 
     @classmethod
     def _from_stored(cls: type[_Automaton], meta: dict[str, Any], arrays: dict[str, Any]) -> _Automaton:
-        return cls(**{name: arrays[name] for name in cls._ARRAYS}, **_meta_arguments(meta))
+        return cls(**_stored_arguments(cls, arrays), **_meta_arguments(meta))
 
     @property
     def set_fingerprint(self) -> str:
@@ -858,6 +874,13 @@ def native_kernel(automaton: TrieAutomaton) -> Any:
     return automaton._kernel
 
 
+def _stored_arguments(cls: type[TrieAutomaton], arrays: dict[str, Any]) -> dict[str, Any]:
+    """The constructor's array arguments from a file's arrays (the derived ones if there)."""
+    found = {name: arrays[name] for name in cls._ARRAYS}
+    found.update({name: arrays[name] for name in cls._DERIVED if name in arrays})
+    return found
+
+
 def _meta_arguments(meta: dict[str, Any]) -> dict[str, Any]:
     arguments = dict(meta)
     arguments["eos_token_ids"] = tuple(arguments["eos_token_ids"])
@@ -972,7 +995,7 @@ class DagAutomaton(TrieAutomaton):
             spell_ids=arrays["spell_ids"],
             spell_offsets=arrays["spell_offsets"],
             spell_flat=arrays["spell_flat"],
-            **{name: arrays[name] for name in cls._ARRAYS},
+            **_stored_arguments(cls, arrays),
             **_meta_arguments(meta),
         )
 

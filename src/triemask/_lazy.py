@@ -186,6 +186,7 @@ class LazyTrieAutomaton(TrieAutomaton):
         "value_nodes",
         "level_offsets",
     )
+    _DERIVED: ClassVar[tuple[str, ...]] = ()
     _TOKEN_ARRAYS: ClassVar[tuple[str, ...]] = ("children", "node_byte", "token_offsets", "token_ids")
 
     def _meta(self) -> dict[str, Any]:
