@@ -149,20 +149,26 @@ def test_newer_truncated_and_foreign_files_are_named(tmp_path: Path) -> None:
     with pytest.raises(AutomatonFileError, match="holds a 'graph'"):
         TrieAutomaton.load(path, vocab=vocab)
 
-    path.write_bytes(original)  # a valid checksum over arrays that do not fit together
-    data = bytearray(original)
-    header = json.loads(bytes(data[64 : 64 + struct.unpack_from("<I", data, 12)[0]]))
-    entry = header["arrays"]["edge_dests"]
-    dests = np.frombuffer(data, dtype=np.int32, count=entry["shape"][0], offset=entry["offset"]).copy()
-    dests[0] = 10**6
-    data[entry["offset"] : entry["offset"] + entry["nbytes"]] = dests.tobytes()
-    path.write_bytes(bytes(data))
-    _rewrite_header(
-        path, {"arrays": {**header["arrays"], "edge_dests": {**entry, "checksums": [checksum(dests.tobytes())]}}}
-    )
-    with pytest.raises(AutomatonFileError, match="arrays do not form an automaton") as raised:
-        TrieAutomaton.load(path, vocab=vocab)
-    assert raised.value.field == "arrays"
+    header = json.loads(original[64 : 64 + struct.unpack_from("<I", original, 12)[0]])
+    assert header["arrays"]["dense_nodes"]["shape"][0] > 0  # the root's row is stored whole
+    for name in ("edge_dests", "dense_nodes"):  # a valid checksum over arrays that do not fit together
+        data = bytearray(original)
+        entry = header["arrays"][name]
+        changed = np.frombuffer(data, dtype=np.int32, count=entry["shape"][0], offset=entry["offset"]).copy()
+        changed[0] = 10**6
+        data[entry["offset"] : entry["offset"] + entry["nbytes"]] = changed.tobytes()
+        path.write_bytes(bytes(data))
+        _rewrite_header(
+            path, {"arrays": {**header["arrays"], name: {**entry, "checksums": [checksum(changed.tobytes())]}}}
+        )
+        with pytest.raises(AutomatonFileError, match="arrays do not form an automaton") as raised:
+            TrieAutomaton.load(path, vocab=vocab)
+        assert raised.value.field == "arrays", name
+
+    # a file without the (derived, optional) dense-node list loads the same automaton
+    path.write_bytes(original)
+    _rewrite_header(path, {"arrays": {k: v for k, v in header["arrays"].items() if k != "dense_nodes"}})
+    assert_equal_everywhere(compiled("trie"), TrieAutomaton.load(path, vocab=vocab))
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
