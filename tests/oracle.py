@@ -129,3 +129,30 @@ def _unreachable(oracle: Oracle) -> set[bytes]:
                 reached.add(q)
                 frontier.append(q)
     return {p for p in oracle.live if p not in reached}
+
+
+def strict_json_prefix(data: bytes) -> bool:
+    """Whether ``data`` can begin a strict JSON text (RFC 8259) as far as its characters go:
+    UTF-8 that some continuation bytes complete (no surrogate, no byte that is never UTF-8),
+    no raw control character inside a string and none but whitespace outside one. The
+    grammar's part is xgrammar's; this is the part where xgrammar is looser than JSON."""
+    completions = [b""] + [bytes([first]) + b"\x80" * more for more in range(3) for first in (0x80, 0x90, 0xA0)]
+    for completion in completions:  # an incomplete last character: try to complete it
+        try:
+            text = (data + completion).decode("utf-8")
+            break
+        except UnicodeDecodeError:
+            continue
+    else:
+        return False
+    in_string = escaped = False
+    for char in text:
+        if char < " " and (in_string or char not in "\t\n\r"):
+            return False
+        if escaped:
+            escaped = False
+        elif in_string and char == "\\":
+            escaped = True
+        elif char == '"':
+            in_string = not in_string
+    return True

@@ -88,7 +88,7 @@ def test_tool_lists_round_trip(byte_vocab: Vocabulary, byte_compiler: Compiler, 
     assert loaded.stats()["tools"]["argument_cache_limit"] == 1 << 20
     assert loaded.stats()["tools"]["argument_schemas_cached"] == 0  # argument schemas compile again on demand
     reference = reference_compiler(byte_vocab).compile_json_schema(json.dumps(tools_as_any_of(TOOLS)))
-    compare_walks(loaded, reference, byte_vocab, walks=12, steps=50, seed=11)
+    compare_walks(loaded, reference, byte_vocab, walks=12, steps=50, seed=11, schema=tools_as_any_of(TOOLS))
 
 
 def test_loading_checks_vocabulary_and_kind(byte_vocab: Vocabulary, byte_compiler: Compiler, tmp_path: Path) -> None:

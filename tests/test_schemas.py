@@ -15,14 +15,17 @@ import os
 import random
 import threading
 import zlib
+from collections import Counter
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import byte_vocabulary, real_compiler, real_vocabulary
+from oracle import strict_json_prefix
 from triemask import (
     ArgumentTypeError,
     CompiledSchema,
@@ -171,16 +174,51 @@ def unpack(row: np.ndarray, vocab_size: int) -> set[int]:
     return set(np.flatnonzero(bits).tolist())
 
 
+def _unsettled(data: bytes | None) -> bool:
+    """Tokens whose strictness is checked even where both engines allow them: they hold a
+    control byte or are not UTF-8 on their own (a surrogate's bytes, 0xFF, a split character)."""
+    if data is None:
+        return False
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return min(data) < 0x20
+
+
 def compare_walks(
-    compiled: CompiledSchema, reference: Any, vocab: Vocabulary, *, walks: int, steps: int, seed: int
+    compiled: CompiledSchema,
+    reference: Any,
+    vocab: Vocabulary,
+    *,
+    walks: int,
+    steps: int,
+    seed: int,
+    schema: Any = None,
+    tally: Counter[str] | None = None,
 ) -> int:
-    """Random walks through ``compiled``, every mask judged against xgrammar's whole
-    schema; returns how many steps were compared."""
+    """Random walks through ``compiled``, every mask judged by the whole schema's language;
+    returns how many steps were compared.
+
+    A token is allowed iff xgrammar's matcher for the whole schema accepts it (on a fork:
+    its bitmask sometimes omits tokens its ``accept_token`` takes) and the output stays strict
+    JSON (:func:`oracle.strict_json_prefix`: xgrammar is looser inside length-bounded strings).
+    Every completed output parses with strict ``json.loads`` and validates against ``schema``
+    (default: the compiled schema) with ``jsonschema``. ``tally`` counts what was checked.
+    """
+    tally = Counter() if tally is None else tally
+    validator = jsonschema.Draft202012Validator(compiled.schema if schema is None else schema)
     rng = random.Random(seed)
     v = vocab.vocab_size
     width = (v + 31) // 32
     eos = set(vocab.eos_token_ids)
+    unsettled = {t for t in range(len(vocab)) if _unsettled(vocab.token_bytes(t))}
     compared = 0
+
+    def judged(ours: SchemaMatcher, theirs: Any, token: int) -> bool:
+        data = vocab.token_bytes(token)
+        return (data is None or strict_json_prefix(ours.text + data)) and theirs.fork().accept_token(token)
+
     for _ in range(walks):
         ours = Matcher(compiled)
         assert isinstance(ours, SchemaMatcher)
@@ -189,25 +227,44 @@ def compare_walks(
             allowed = set(ours.allowed_token_ids().tolist())
             row = np.zeros((1, width), dtype=np.int32)
             theirs.fill_next_token_bitmask(row)
-            for token in allowed ^ unpack(row, v):
-                verdict = theirs.fork().accept_token(token)
+            theirs_allowed = unpack(row, v)
+            differing = allowed ^ theirs_allowed
+            for token in differing | (allowed & unsettled):
+                verdict = judged(ours, theirs, token)
                 assert (token in allowed) == verdict, (ours.text, token, vocab.token_bytes(token), token in allowed)
             assert all(vocab.token_bytes(t) or t in eos for t in allowed), "a special token was allowed"
             compared += 1
-            for token in rng.sample(range(v), 24):  # tokens triemask rejects: rejected by both
+            tally["steps"] += 1
+            tally["allowed"] += len(allowed)
+            tally["judged"] += len(differing | (allowed & unsettled))
+            tally["refused, not strict JSON"] += len(theirs_allowed - allowed)
+            for token in rng.sample(range(v), 24):  # tokens outside triemask's mask
                 if token not in allowed:
-                    assert not ours.accept_token(token)
-                    assert not theirs.fork().accept_token(token), (ours.text, token, vocab.token_bytes(token))
+                    language = judged(ours, theirs, token)
+                    accepted = ours.accept_token(token)
+                    if accepted:
+                        ours.rollback(1)
+                    assert language or not accepted, (ours.text, token, vocab.token_bytes(token))
+                    # what the language takes and the mask omits, xgrammar's own mask omits (its known
+                    # gap: its accept_token takes tokens its bitmask leaves out)
+                    assert not language or token not in theirs_allowed, (ours.text, token, vocab.token_bytes(token))
+                    tally["sampled outside the mask"] += 1
+                    tally["taken by xgrammar's accept_token, not its mask"] += language
             if not allowed:
                 break
-            quoted = [t for t in allowed if b'"' in (vocab.token_bytes(t) or b"")]
-            token = rng.choice(sorted(quoted if quoted and rng.random() < 0.6 else allowed))
+            # biased to the tokens that cross boundaries or test strictness
+            pointed = [t for t in allowed if t in unsettled or b'"' in (vocab.token_bytes(t) or b"")]
+            token = rng.choice(sorted(pointed if pointed and rng.random() < 0.6 else allowed))
             assert ours.accept_token(token)
             assert theirs.accept_token(token)
             if ours.is_terminated():
                 break
+        tally["walks"] += 1
         if theirs.is_completed():
-            assert ours.value == json.loads(ours.text.decode("utf-8", "surrogatepass"))
+            value = json.loads(ours.text.decode("utf-8"))  # strict: no raw control character
+            assert ours.value == value
+            validator.validate(value)
+            tally["completed, strict JSON, valid"] += 1
     return compared
 
 
@@ -322,7 +379,7 @@ def test_tools_equal_the_any_of(byte_vocab: Vocabulary, byte_compiler: Compiler,
     reference = reference_compiler(byte_vocab).compile_json_schema(
         json.dumps(tools_as_any_of(TOOLS)), any_whitespace=any_whitespace
     )
-    compare_walks(compiled, reference, byte_vocab, walks=30, steps=50, seed=7)
+    compare_walks(compiled, reference, byte_vocab, walks=30, steps=50, seed=7, schema=tools_as_any_of(TOOLS))
     stats = compiled.stats()["tools"]
     assert stats["count"] == len(TOOLS)
     assert stats["misses"] <= len(TOOLS) - 1  # get_user and get_users share one compiled schema
@@ -599,7 +656,7 @@ def test_real_vocabularies_tools(name: str) -> None:
         reference = reference_compiler(vocab).compile_json_schema(
             json.dumps(tools_as_any_of(TOOLS)), any_whitespace=any_whitespace
         )
-        compare_walks(compiled, reference, vocab, walks=8, steps=40, seed=9)
+        compare_walks(compiled, reference, vocab, walks=8, steps=40, seed=9, schema=tools_as_any_of(TOOLS))
 
 
 # ----------------------------------------------------------------------------- properties

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -29,6 +30,17 @@ pytestmark = pytest.mark.vllm
 
 VALUES = ["get", "get_user", "get_users", "user", "us", "Paris", "slack.send_message"]
 ANSWERS = ["yes", "no", "maybe"]
+LABELED = {  # properties in sorted order: the engine's request keeps a dict's keys sorted
+    "type": "object",
+    "properties": {
+        "code": {"type": "string", "maxLength": 8},
+        "label": {"enum": [f"label_{i}" for i in range(300)]},
+        "note": {"type": "string", "maxLength": 20},
+        "ok": {"type": "boolean"},
+        "when": {"type": "string", "format": "date"},
+    },
+    "required": ["code", "label", "note", "ok", "when"],
+}
 
 
 def _tiny_model(folder: Path, missing: str = "") -> Path:
@@ -87,7 +99,7 @@ def test_offline_generate_mixes_constrained_and_free_requests(
     llm = LLM(
         model=str(tiny_model),
         dtype="float32",
-        max_model_len=256,
+        max_model_len=512,
         max_num_seqs=16,
         enforce_eager=True,
         logits_processors=[TriemaskLogitsProcessor],
@@ -120,11 +132,21 @@ def test_offline_generate_mixes_constrained_and_free_requests(
     for i, extra in enumerate([{"triemask_format": "date"}, {"triemask_regex": "[a-c]{2}-[0-9]{1,3}"}] * 2):
         prompts.append(f"Format {i}?")
         params.append(SamplingParams(temperature=float(i // 2), seed=i, max_tokens=40, extra_args=extra))
+    # issue 23: a label trie and a date automaton beside length-bounded free text, sampled at
+    # temperature 1 from a vocabulary holding every byte (raw tabs and control bytes included)
+    for i in range(6):
+        prompts.append(f"Label {i}:")
+        params.append(
+            SamplingParams(temperature=1.0, seed=100 + i, max_tokens=440, extra_args={"triemask_json_schema": LABELED})
+        )
     outputs = llm.generate(prompts, params)
     checker = Compiler(
         Vocabulary.from_huggingface(byte_level_tokenizer(), vocab_size=320, eos_token_ids=[])
     )  # the tiny model's vocabulary: every constrained output must be a prefix of the schema
-    unconstrained = 0
+    labeled = checker.compile_json_schema(LABELED)
+    assert labeled.stats()["trie_fields"], "the label and the day are triemask automata"
+    unconstrained = completed = 0
+    unfinished: list[str] = []
     for output, param in zip(outputs, params, strict=True):
         completion = output.outputs[0]
         extra = param.extra_args or {}
@@ -132,6 +154,15 @@ def test_offline_generate_mixes_constrained_and_free_requests(
             assert completion.text in VALUES and completion.finish_reason == "stop", completion
         elif "triemask_set" in extra:
             assert completion.text in ANSWERS and completion.finish_reason == "stop", completion
+        elif extra.get("triemask_json_schema") is LABELED:
+            tokens = [t for t in completion.token_ids if t != tiny_eos]
+            assert Matcher(labeled).accept_tokens(tokens) == len(tokens), completion
+            if completion.finish_reason == "stop":
+                value = json.loads(completion.text)  # strict: no raw control character
+                jsonschema.validate(value, LABELED)
+                completed += 1
+            else:
+                unfinished.append(completion.text)
         elif "triemask_json_schema" in extra or "triemask_tools" in extra:
             compiled = (
                 checker.compile_json_schema(schema) if "triemask_json_schema" in extra else checker.compile_tools(tools)
@@ -147,6 +178,7 @@ def test_offline_generate_mixes_constrained_and_free_requests(
         else:
             unconstrained += completion.text not in VALUES  # a random model rambles
     assert unconstrained >= 1
+    assert completed >= 3, unfinished
     from vllm.exceptions import VLLMValidationError
 
     with pytest.raises(VLLMValidationError, match="'triemask_values' must be a list of strings; item 1 is int"):

@@ -275,7 +275,10 @@ class Compiler:
             The JSON schema (never modified).
         any_whitespace, indent, separators, strict_mode
             As in xgrammar's ``GrammarCompiler.compile_json_schema``: the language
-            is exactly the one xgrammar compiles from ``schema`` with these options.
+            is the one xgrammar compiles from ``schema`` with these options, kept to
+            strict JSON (RFC 8259: no raw control character or invalid UTF-8 inside a
+            string, which xgrammar's length-bounded strings admit; ``separators`` a
+            comma and a colon with optional whitespace).
         min_enum_values : int, optional
             Enums (and ``anyOf`` / ``oneOf`` of consts) with at least this many
             distinct values go to a trie; smaller ones stay in xgrammar. Default

@@ -1,10 +1,13 @@
 """Mixed schemas: enum fields in tries, the JSON structure in xgrammar.
 
 Design (docs/design.md, "Mixed schemas"). Each enum site of the schema is replaced
-by a const placeholder; xgrammar builds the structural grammar, which is printed
-as EBNF, and the placeholder's literal is swapped for a *sentinel*: ``0x01``
-followed by control bytes naming the site. JSON text never contains raw control
-bytes, so the sentinel stands exactly where the enum's value goes and nowhere else.
+by a const placeholder; xgrammar builds the structural grammar, and in xgrammar's own
+expression arrays the placeholder's literal is swapped for a *sentinel*: byte ``0xFF``
+followed by bytes naming the field. ``0xFF`` is not UTF-8: xgrammar's character classes
+and regexes match only UTF-8 (a free string's ``[^"\\\r\n]`` included), and its EBNF
+literals are code points spelled in UTF-8, so no text the structure's language holds can
+contain it and the sentinel is accepted exactly where a field's value goes
+(:func:`_check_entry_unforgeable` checks the installed xgrammar once per process).
 
 A decoding state is a small set of *configurations*, usually one:
 
@@ -24,13 +27,17 @@ a start, the part before an end, the part between) are matched against each trie
 at compile time, by the same linear pass as whole tokens, so at run time:
 
 * the mask of ``STRUCT`` is xgrammar's, plus the tokens entering an enum after a
-  structural prefix ``p``. xgrammar's vocabulary carries one extra token ``p + 0x01``
+  structural prefix ``p``. xgrammar's vocabulary carries one extra token ``p + 0xFF``
   per such prefix, so the same mask fill says which prefixes an enum can follow;
   those are confirmed per site with ``accept_string(p + sentinel)``;
 * the mask of ``ENUM`` is the trie's, plus the tokens that complete the value and go
   on (checked with the structural grammar after the sentinel);
 * when a configuration is ambiguous (a union of an enum and a free string), every
   reading is kept, so the masks are those of the whole schema's language.
+
+Outputs are strict JSON (RFC 8259) in UTF-8: where xgrammar's language is looser (raw
+control characters in length-bounded strings, the UTF-8 bytes of surrogates), a JSON lexer
+state kept per output removes the tokens that would break it (:class:`_Lexical`).
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ from bisect import bisect_left
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
-from functools import cached_property
+from functools import cache, cached_property
+from importlib.metadata import version
 from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +73,7 @@ from ._errors import (
     integer,
 )
 from ._regex import unanchored
-from ._schema import dispatch, json_texts, load_schema, placeholder_literal
+from ._schema import dispatch, json_texts, load_schema
 from ._token_index import TokenIndex
 from ._vocabulary import Vocabulary
 
@@ -93,16 +101,13 @@ is faster up to a few thousand values, so schemas reused by many requests may wa
 _FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
 _VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
 _BEFORE_VALUE = re.compile(rb"(?:.*[:,\[])?[ \t\n\r]*\Z", re.S)  # structure a value can follow
+_SENTINEL_LEAD = 0xFF  # never in UTF-8, so in no text of the structure's language
 _SENTINEL_DIGITS = bytes(range(0x10, 0x20))
 _STRUCT = -1
 
 
 def _sentinel(k: int, width: int) -> bytes:
-    return b"\x01" + bytes(_SENTINEL_DIGITS[(k >> (4 * i)) & 15] for i in reversed(range(width)))
-
-
-def _ebnf_literal(data: bytes) -> str:
-    return '"' + "".join(f"\\x{c:02x}" for c in data) + '"'
+    return bytes([_SENTINEL_LEAD, *(_SENTINEL_DIGITS[(k >> (4 * i)) & 15] for i in reversed(range(width)))])
 
 
 def _starts(token: bytes, first: bytes) -> list[int]:
@@ -113,6 +118,174 @@ def _starts(token: bytes, first: bytes) -> list[int]:
 def _ends(token: bytes, last: bytes) -> list[int]:
     """Offsets ``i`` in ``token`` where a value ending with one of ``last`` may stop."""
     return [i for i in range(1, len(token)) if token[i] in _FOLLOW and token[i - 1] in last]
+
+
+# --------------------------------------------------------------------------- strict JSON
+
+# The JSON lexer of an output, a byte automaton: outside strings, inside one (between
+# characters), after a backslash in one, and inside a multi-byte UTF-8 character (what the
+# next bytes may be: RFC 3629's table, so no overlong form, no surrogate, nothing past
+# U+10FFFF). _REFUSED: the bytes cannot continue strict JSON (RFC 8259) in UTF-8.
+_OUT, _IN, _ESCAPE, _TAIL1, _TAIL2, _TAIL3, _AFTER_E0, _AFTER_ED, _AFTER_F0, _AFTER_F4, _REFUSED = range(11)
+_LEXER_STATES = range(_REFUSED)
+_JSON_WHITESPACE = b" \t\n\r"
+
+
+def _lexer_table() -> list[bytes]:
+    """``table[state][byte]``: the lexer state after ``byte``."""
+    table = [bytearray([_REFUSED]) * 256 for _ in _LEXER_STATES]
+    for c in range(0x20, 0x80):  # printable ASCII: outside strings and in them
+        table[_OUT][c] = _IN if c == 0x22 else _OUT
+        table[_IN][c] = {0x22: _OUT, 0x5C: _ESCAPE}.get(c, _IN)
+        table[_ESCAPE][c] = _IN  # (which escapes are JSON is the grammar's business)
+    for c in _JSON_WHITESPACE:
+        table[_OUT][c] = _OUT
+    # a character's first byte in a string: how many and which continuation bytes follow
+    for lead, state in ((range(0xC2, 0xE0), _TAIL1), (range(0xE1, 0xF0), _TAIL2), (range(0xF1, 0xF4), _TAIL3)):
+        for c in lead:
+            table[_IN][c] = state
+    table[_IN][0xE0], table[_IN][0xED] = _AFTER_E0, _AFTER_ED
+    table[_IN][0xF0], table[_IN][0xF4] = _AFTER_F0, _AFTER_F4
+    for state, low, high, following in (
+        (_TAIL1, 0x80, 0xC0, _IN),
+        (_TAIL2, 0x80, 0xC0, _TAIL1),
+        (_TAIL3, 0x80, 0xC0, _TAIL2),
+        (_AFTER_E0, 0xA0, 0xC0, _TAIL1),
+        (_AFTER_ED, 0x80, 0xA0, _TAIL1),
+        (_AFTER_F0, 0x90, 0xC0, _TAIL2),
+        (_AFTER_F4, 0x80, 0x90, _TAIL2),
+    ):
+        table[state][low:high] = bytes([following]) * (high - low)
+    return [bytes(row) for row in table]
+
+
+_LEXER = _lexer_table()
+_PLAIN_TEXT = re.compile(rb"[\x20-\x21\x23-\x5b\x5d-\x7e]*\Z")  # printable ASCII but quote and backslash
+
+
+def _lex(data: bytes, state: int) -> int:
+    """The lexer state after ``data`` from ``state`` (or ``_REFUSED``)."""
+    for c in data:
+        state = _LEXER[state][c]
+        if state == _REFUSED:
+            break
+    return state
+
+
+@dataclass(frozen=True)
+class _Lexical:
+    """Per vocabulary, what each token does to the JSON lexer state of an output: refused
+    are the tokens that would put a raw control character or bytes that are not UTF-8
+    inside a string (xgrammar's length-bounded strings and its patterns admit some), and
+    the sentinel's lead byte 0xFF anywhere."""
+
+    after: tuple[bytes, ...]  # by start state, by token id: the state after it, or _REFUSED
+    keep: npt.NDArray[np.int32]  # (start states, width): the bitmask of the tokens not refused
+
+    @classmethod
+    def of(cls, tokens: Sequence[bytes | None], width: int) -> _Lexical:
+        n = len(tokens)
+        after = [bytearray([state]) * n for state in _LEXER_STATES]  # special tokens (EOS) move nothing
+        for t, data in enumerate(tokens):
+            if not data:
+                continue
+            if _PLAIN_TEXT.match(data):  # most tokens: no state but a character's middle changes
+                after[_ESCAPE][t] = _IN
+                for state in range(_TAIL1, _REFUSED):
+                    after[state][t] = _REFUSED
+            else:
+                for state in _LEXER_STATES:
+                    after[state][t] = _lex(data, state)
+        keep = np.full((len(_LEXER_STATES), width), -1, dtype=np.int32)
+        for state in _LEXER_STATES:
+            ids = np.flatnonzero(np.frombuffer(after[state], dtype=np.uint8) == _REFUSED)
+            np.bitwise_and.at(
+                keep[state].view(np.uint32), ids >> 5, ~np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+            )
+        return cls(tuple(bytes(a) for a in after), keep)
+
+    def never(self, token: int) -> bool:
+        """Whether ``token`` is refused from every state (no piece of it is ever needed)."""
+        return all(self.after[state][token] == _REFUSED for state in _LEXER_STATES)
+
+
+# Free text of every kind xgrammar builds for JSON (strings plain, length-bounded, with a
+# pattern, a format; free property names): none may accept the sentinel's lead byte.
+_FREE_TEXT_PROBES: tuple[tuple[dict[str, Any], bytes], ...] = (
+    ({"type": "string"}, b'"a'),
+    ({"type": "string", "maxLength": 8}, b'"a'),
+    ({"type": "string", "minLength": 1, "maxLength": 8}, b'"'),
+    ({"type": "string", "pattern": "[^a]{0,8}"}, b'"b'),
+    ({"type": "string", "pattern": ".{0,8}"}, b'"'),
+    ({"type": "string", "pattern": "[\\s\\S]{0,8}"}, b'"'),
+    ({"type": "string", "pattern": "^[\\x00-\\uffff]+$"}, b'"'),
+    ({"type": "string", "format": "email"}, b'"a'),
+    ({"type": "string", "format": "uri"}, b'"a'),
+    ({"type": "string", "format": "date-time"}, b'"'),
+    ({"type": "object"}, b'{"'),
+    ({"type": "object", "additionalProperties": {"type": "string", "maxLength": 4}}, b'{"k": "'),
+)
+
+
+@cache
+def _check_entry_unforgeable() -> None:
+    """Refuse an xgrammar whose free text can hold byte 0xFF: a field's entry (the sentinel)
+    would then be forgeable inside a string. Once per process, on 256 one-byte tokens."""
+    import xgrammar
+
+    table = [bytes([b]) for b in range(256)]
+    compiler = xgrammar.GrammarCompiler(
+        xgrammar.TokenizerInfo(table, xgrammar.VocabType.RAW, vocab_size=256, stop_token_ids=[]),
+        cache_enabled=False,
+    )
+    mask = np.zeros((1, 8), dtype=np.int32)
+    for schema, inside in _FREE_TEXT_PROBES:
+        matcher = xgrammar.GrammarMatcher(compiler.compile_json_schema(json.dumps(schema), any_whitespace=False))
+        if not matcher.accept_string(inside):  # pragma: no cover - a change in xgrammar's JSON
+            raise ImportError(f"triemask cannot check xgrammar's free text: {schema} refuses {inside!r}")
+        matcher.fill_next_token_bitmask(mask)
+        in_mask = (int(mask[0, _SENTINEL_LEAD >> 5]) >> (_SENTINEL_LEAD & 31)) & 1
+        if in_mask or matcher.fork().accept_string(bytes([_SENTINEL_LEAD])):
+            raise ImportError(
+                f"the installed xgrammar ({version('xgrammar')}) lets free text ({json.dumps(schema)}) hold byte "
+                f"0x{_SENTINEL_LEAD:02X}, with which triemask marks where a field's value may start: its schemas "
+                "would accept invalid JSON. Install an xgrammar that keeps strings UTF-8 (0.2.x)."
+            )
+
+
+def _sentinels(fields: Iterable[_Field]) -> dict[str, bytes]:
+    return {placeholder: f.sentinel for f in fields for placeholder in f.placeholders}
+
+
+def _structure_grammar(ebnf: str, sentinels: dict[str, bytes]) -> Any:
+    """xgrammar's grammar of ``ebnf`` with each placeholder's literal (its JSON text, a key
+    of ``sentinels``) made that field's sentinel.
+
+    xgrammar's EBNF spells code points, so a byte that is not UTF-8 can only be written into
+    the parsed grammar: its serialised expressions, where a byte string is
+    ``[0, length, byte...]`` (the same in every xgrammar since 0.2.1). Placeholders hold a
+    random nonce, so no other literal equals one; each must be found.
+    """
+    import xgrammar
+
+    data = json.loads(xgrammar.Grammar.from_ebnf(ebnf).serialize_json())
+    exprs, starts = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    wanted = {tuple(json.dumps(p).encode()): sentinel for p, sentinel in sentinels.items()}
+    found = set()
+    rewritten: list[int] = []
+    new_starts: list[int] = []
+    for start, end in zip(starts, [*starts[1:], len(exprs)], strict=True):
+        expr = exprs[start:end]
+        sentinel = wanted.get(tuple(expr[2:])) if expr[0] == 0 and expr[1] == len(expr) - 2 else None
+        if sentinel is not None:
+            expr = [0, len(sentinel), *sentinel]
+            found.add(sentinel)
+        new_starts.append(len(rewritten))
+        rewritten += expr
+    if len(found) != len(set(sentinels.values())):  # pragma: no cover - a change in xgrammar's grammar layout
+        raise SchemaError("cannot mark the enum fields in xgrammar's grammar (its layout changed?)", path="$")
+    data["grammar_expr_data"], data["grammar_expr_indptr"] = rewritten, new_starts
+    return xgrammar.Grammar.deserialize_json(json.dumps(data))
 
 
 # --------------------------------------------------------------------------- per vocabulary
@@ -133,7 +306,7 @@ class _Pieces:
         self.enters: list[tuple[int, int, int, int]] = []  # (piece, token, start, end): tails and middles
         heads: list[tuple[int, int, int]] = []  # (piece, token, end)
         for t, data in enumerate(support.tokens):
-            if not data or 1 in data:  # tokens holding 0x01 are never allowed (see _VocabularySupport)
+            if not data or support.lexical.never(t):
                 continue
             starts = _starts(data, first)
             ends = _ends(data, last)
@@ -194,8 +367,8 @@ def _single_start(data: bytes, prefix_ids: dict[bytes, int]) -> int:
 
 class _VocabularySupport:
     """What every mixed schema of one vocabulary shares: xgrammar's tokenizer info
-    (the real tokens, then one ``p + 0x01`` token per structural prefix ``p``) and
-    the token pieces."""
+    (the real tokens, then one ``p + 0xFF`` token per structural prefix ``p``), the
+    tokens' effect on the JSON lexer, and the token pieces."""
 
     def __init__(self, vocab: Vocabulary) -> None:
         import xgrammar
@@ -203,32 +376,19 @@ class _VocabularySupport:
         self.vocab = vocab
         self.tokens: list[bytes | None] = [vocab.token_bytes(i) for i in range(len(vocab))]
         self.width = bitmask_width(vocab.vocab_size)
-        found = {data[:j] for data in self.tokens if data for j in _starts(data, _VALUE_FIRST)}
-        # A real token holding 0x01 is allowed by xgrammar only where a sentinel may start
-        # after the bytes before its 0x01: with those bytes among the prefixes, their
-        # extra token's bit tells when such tokens must be cleared from a mask.
-        found |= {p for data in self.tokens if data and 1 in data if _BEFORE_VALUE.match(p := data[: data.index(1)])}
-        prefixes = sorted(found)
+        # Real tokens holding 0xFF (a sentinel's lead byte, never in UTF-8 text) or raw
+        # control bytes where strict JSON has none are refused by the lexer tables.
+        self.lexical = _Lexical.of(self.tokens, self.width)
+        prefixes = sorted({data[:j] for data in self.tokens if data for j in _starts(data, _VALUE_FIRST)})
         self.prefixes = prefixes
         self.prefix_ids = {p: i for i, p in enumerate(prefixes)}
-        # Real tokens holding 0x01 could match a sentinel's first byte: JSON text never
-        # contains one, so they are never allowed.
-        controls = np.array([t for t, data in enumerate(self.tokens) if data and 1 in data], dtype=np.int64)
-        self.control_words = np.unique(controls >> 5)
-        clear = np.full(self.width, -1, dtype=np.int32)
-        np.bitwise_and.at(
-            clear.view(np.uint32), controls >> 5, ~np.left_shift(np.uint32(1), (controls & 31).astype(np.uint32))
-        )
-        self.control_clear = clear[self.control_words]
-        self.control_pairs = list(zip(self.control_words.tolist(), self.control_clear.tolist(), strict=True))
-        self.control_tokens = frozenset(controls.tolist())
         # The extra tokens go in the model's padding ids when they fit (then xgrammar
         # fills the caller's row directly), else after the word-aligned real ids.
         self.inline = vocab.vocab_size - len(self.tokens) >= len(prefixes)
         self.first_pseudo = len(self.tokens) if self.inline else 32 * self.width
         encoded = [data or b"" for data in self.tokens]
         encoded += [b""] * (self.first_pseudo - len(encoded))
-        encoded += [p + b"\x01" for p in prefixes]
+        encoded += [p + bytes([_SENTINEL_LEAD]) for p in prefixes]
         if self.inline:
             encoded += [b""] * (vocab.vocab_size - len(encoded))
         self.xgr_width = bitmask_width(len(encoded))
@@ -285,11 +445,10 @@ def _require_xgrammar() -> None:
             "JSON schemas need xgrammar for their structure: pip install 'triemask[schema]' "
             "(install torch==2.13.0 first on CPU-only machines)"
         ) from None
-    from importlib.metadata import version
-
     found = version("xgrammar")
     if tuple(int(x) for x in re.findall(r"\d+", found)[:3]) < (0, 2, 1):  # earlier ones over-accept alternations
         raise ImportError(f"triemask needs xgrammar >= 0.2.1 (pip install -U xgrammar), found {found}")
+    _check_entry_unforgeable()
 
 
 # --------------------------------------------------------------------------- enum fields
@@ -300,6 +459,7 @@ class _Field:
     """One trie of a mixed schema and the tables that connect it to the structure."""
 
     paths: tuple[str, ...]
+    placeholders: tuple[str, ...]  # by path: the const standing for the field in the structure's EBNF
     automaton: TrieAutomaton
     sentinel: bytes
     first: bytes
@@ -406,8 +566,9 @@ def _compile_field(
     keep = ends_value & has_heads
     return _Field(
         paths=site_paths,
+        placeholders=(),  # set by the schema, which numbers the fields
         automaton=automaton,
-        sentinel=b"",  # set by the schema, which numbers the fields
+        sentinel=b"",
         first=first,
         last=last,
         accepting=accepting,
@@ -570,10 +731,19 @@ def _restore_field(stored: _storage.Stored, support: _VocabularySupport, k: int,
     exit_values = within("exit values", table("exit_values", np.int32), states)
     if not len(exit_nodes) == len(exit_pieces) == len(exit_values) or (np.diff(exit_nodes) < 0).any():
         raise ValueError(f"field {k}: exit tables of unequal lengths or out of order")
+    sentinel = bytes.fromhex(entry["sentinel"])
+    placeholders = tuple(str(p) for p in entry.get("placeholders", ()))
+    if not sentinel.startswith(bytes([_SENTINEL_LEAD])) or len(placeholders) != len(entry["paths"]):
+        raise AutomatonFileError(
+            f"{stored.source} was written by a triemask whose field entries free strings could forge: "
+            "compile the schema again",
+            field="sentinel",
+        )
     return _Field(
         paths=tuple(str(p) for p in entry["paths"]),
+        placeholders=placeholders,
         automaton=automaton,
-        sentinel=bytes.fromhex(entry["sentinel"]),
+        sentinel=sentinel,
         first=first,
         last=last,
         pieces=pieces,
@@ -596,6 +766,24 @@ def _restore_field(stored: _storage.Stored, support: _VocabularySupport, k: int,
 # A configuration: (schema, xgrammar matcher, field or _STRUCT, trie node, the output before
 # the value, a cache shared by the configurations of one value (None in STRUCT)).
 Configuration = tuple["CompiledSchema", Any, int, int, bytes, Any]
+
+
+def _json_separators(separators: Any) -> tuple[str, str] | None:
+    """``separators`` as xgrammar takes them, refused unless they are JSON's (a comma, a
+    colon, optional whitespace): xgrammar would print others, and the output would not be
+    JSON (nor would a value start or end where the token pieces look for it)."""
+    if separators is None:
+        return None
+    if not (isinstance(separators, tuple | list) and len(separators) == 2 and all(type(x) is str for x in separators)):
+        raise ArgumentTypeError(f"separators must be a pair of strings (items, keys), got {separators!r:.60}")
+    item, key = separators
+    if not (re.fullmatch("[ \t\n\r]*,[ \t\n\r]*", item) and re.fullmatch("[ \t\n\r]*:[ \t\n\r]*", key)):
+        raise SchemaError(
+            f"separators {separators!r:.60} are not JSON's: a ',' between items and a ':' after keys, "
+            "each with optional whitespace",
+            path="$",
+        )
+    return (item, key)
 
 
 class CompiledSchema:
@@ -628,7 +816,7 @@ class CompiledSchema:
         self._options: dict[str, Any] = {
             "any_whitespace": any_whitespace,
             "indent": indent,
-            "separators": separators,
+            "separators": _json_separators(separators),
             "strict_mode": strict_mode,
         }
         self._schema = load_schema(schema)
@@ -652,13 +840,13 @@ class CompiledSchema:
             if k is None:
                 k = by_values[key] = len(fields)
                 built = _compile_field(compiler, support, (site.path,), site.values, site.pattern)
-                fields.append(replace(built, sentinel=_sentinel(k, width)))
+                fields.append(replace(built, placeholders=(site.placeholder,), sentinel=_sentinel(k, width)))
             else:
-                fields[k] = replace(fields[k], paths=(*fields[k].paths, site.path))
-            ebnf = ebnf.replace(placeholder_literal(site.placeholder), _ebnf_literal(fields[k].sentinel))
+                f = fields[k]
+                fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, site.placeholder))
         self._min_enum_values = min_enum_values
         self._ebnf = ebnf
-        self._finish(fields, support.grammar_compiler.compile_grammar(ebnf))
+        self._finish(fields, support.grammar_compiler.compile_grammar(_structure_grammar(ebnf, _sentinels(fields))))
         self._compile_seconds = time.perf_counter() - started
 
     def _finish(self, fields: Sequence[_Field], grammar: Any) -> None:
@@ -743,8 +931,6 @@ class CompiledSchema:
         return {**self._options, "min_enum_values": self._min_enum_values}
 
     def _file_parts(self) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
-        from importlib.metadata import version
-
         arrays: dict[str, npt.NDArray[Any]] = {
             "described": _text_array(json.dumps(self._described(), sort_keys=True)),
             "ebnf": _text_array(self._ebnf),
@@ -758,6 +944,7 @@ class CompiledSchema:
             fields.append(
                 {
                     "paths": list(f.paths),
+                    "placeholders": list(f.placeholders),
                     "sentinel": f.sentinel.hex(),
                     "first": f.first.hex(),
                     "last": f.last.hex(),
@@ -871,7 +1058,7 @@ class CompiledSchema:
             grammar = xgrammar.CompiledGrammar.deserialize_json(grammar_json, support.info)
         except Exception:  # xgrammar raises several kinds for one answer: not readable
             try:
-                grammar = support.grammar_compiler.compile_grammar(self._ebnf)
+                grammar = support.grammar_compiler.compile_grammar(_structure_grammar(self._ebnf, _sentinels(fields)))
             except Exception as error:
                 raise AutomatonFileError(
                     f"{source} is corrupt: its structure's grammar does not compile ({error})", field="ebnf"
@@ -1021,8 +1208,6 @@ class CompiledSchema:
                         if 0 <= prefix_id < len(support.prefixes):
                             entered |= self._fill_entries(matcher, prefix_id, row, before)
                         bits ^= low
-                for word, keep in support.control_pairs:
-                    row[word] &= keep
             return entered
         field = self._fields[k]
         field.automaton.fill_bitmask(row.reshape(1, -1), (node,))
@@ -1145,7 +1330,7 @@ class SchemaMatcher:
     the parsed JSON once the output is complete.
     """
 
-    __slots__ = ("_configs", "_filled", "_history", "_output", "_schema", "_scratch", "_scratch_width")
+    __slots__ = ("_configs", "_filled", "_history", "_lexer", "_output", "_schema", "_scratch", "_scratch_width")
 
     def __init__(self, schema: CompiledSchema, *, max_rollback: int = 16) -> None:
         if not isinstance(schema, CompiledSchema):
@@ -1155,9 +1340,10 @@ class SchemaMatcher:
             raise StateError(f"max_rollback must be an integer in [0, 2**31), got {max_rollback}")
         self._schema = schema
         self._configs = schema._initial()
-        # (configurations, output length, the matcher advanced in place or None) per step
-        self._history: deque[tuple[list[Configuration], int, Any]] = deque(maxlen=max_rollback)
+        # (configurations, output length, lexer state, the matcher advanced in place or None) per step
+        self._history: deque[tuple[list[Configuration], int, int, Any]] = deque(maxlen=max_rollback)
         self._output = bytearray()
+        self._lexer = _OUT  # the JSON lexer state at the end of the output
         self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
         self._scratch_width = schema._support.width
         self._filled: list[Configuration] | None = None
@@ -1182,13 +1368,21 @@ class SchemaMatcher:
     def value(self) -> Any:
         """The output parsed as JSON once it is complete, else None.
 
-        xgrammar's JSON strings admit the UTF-8 spelling of surrogates, which Python's
-        strict decoder refuses; they decode here to lone surrogates, as JSON's
-        ``\\ud800`` escapes do.
+        A complete output is strict JSON (RFC 8259) in UTF-8: the masks refuse the raw
+        control characters and the UTF-8 spelling of surrogates that xgrammar's strings
+        admit (an escaped ``\\ud800`` is JSON and stays allowed).
+
+        Raises
+        ------
+        StateError
+            Never expected: the output is complete but not JSON.
         """
         if not any(c[2] == _STRUCT and (c[1].is_completed() or c[1].is_terminated()) for c in self._configs):
             return None
-        return json.loads(self._output.decode("utf-8", "surrogatepass"))
+        try:
+            return json.loads(self._output.decode("utf-8"))
+        except ValueError as error:  # never expected: the masks keep outputs strict JSON
+            raise StateError(f"the completed output is not JSON ({error}): {bytes(self._output)[:80]!r}") from None
 
     def accept_token(self, token_id: int) -> bool:
         """Advance by one token; False (state unchanged) when it is not allowed."""
@@ -1199,9 +1393,15 @@ class SchemaMatcher:
                 return False
         schema = self._schema
         support = schema._support
-        if not 0 <= token_id < schema.vocab_size or token_id in support.control_tokens:
+        if not 0 <= token_id < schema.vocab_size:
             return False
-        data = support.tokens[token_id] if token_id < len(support.tokens) else None
+        if token_id < len(support.tokens):
+            data = support.tokens[token_id]
+            lexer = support.lexical.after[self._lexer][token_id]
+            if lexer == _REFUSED:
+                return False
+        else:
+            data, lexer = None, self._lexer
         if data is None and token_id not in schema.eos_token_ids:
             return False
         configs = self._configs
@@ -1216,15 +1416,16 @@ class SchemaMatcher:
             # Advance xgrammar in place; rollback undoes it with xgrammar's own rollback.
             if not config[1].accept_token(token_id):
                 return False
-            self._history.append((configs, len(self._output), config[1]))
+            self._history.append((configs, len(self._output), self._lexer, config[1]))
         else:
             following: list[Configuration] = []
             for config in configs:
                 following += config[0]._token(config, token_id, data, self._output)
             if not following:
                 return False
-            self._history.append((configs, len(self._output), None))
+            self._history.append((configs, len(self._output), self._lexer, None))
             self._configs = following
+        self._lexer = lexer
         self._filled = None  # the state moved: what the last fill found no longer holds
         if data is not None:
             self._output += data
@@ -1250,7 +1451,7 @@ class SchemaMatcher:
                 f"(max_rollback={self._history.maxlen})"
             )
         for _ in range(num_tokens):
-            self._configs, length, advanced = self._history.pop()
+            self._configs, length, self._lexer, advanced = self._history.pop()
             if advanced is not None:
                 advanced.rollback(1)
             del self._output[length:]
@@ -1261,6 +1462,7 @@ class SchemaMatcher:
         self._configs = self._schema._initial()
         self._history.clear()
         self._output.clear()
+        self._lexer = _OUT
         self._filled = None
 
     def copy(self) -> SchemaMatcher:
@@ -1281,12 +1483,13 @@ class SchemaMatcher:
         clone._configs = copied(self._configs)
         clone._history = deque(
             (
-                (copied(configs), length, None if advanced is None else fork(advanced))
-                for configs, length, advanced in self._history
+                (copied(configs), length, lexer, None if advanced is None else fork(advanced))
+                for configs, length, lexer, advanced in self._history
             ),
             maxlen=self._history.maxlen,
         )
         clone._output = bytearray(self._output)
+        clone._lexer = self._lexer
         clone._scratch = np.zeros_like(self._scratch)
         clone._scratch_width = self._scratch_width
         clone._filled = None
@@ -1345,6 +1548,8 @@ class SchemaMatcher:
             for config in self._configs[1:]:
                 entered |= config[0]._fill(config, other, self._scratch, before)
                 out |= other
+        # strict JSON: no raw control byte inside a string, whatever the structure allows
+        np.bitwise_and(out, self._schema._support.lexical.keep[self._lexer], out=out)
         # remembered for accept_token: no field can be entered from these configurations
         self._filled = None if entered else self._configs
 

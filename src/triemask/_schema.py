@@ -37,7 +37,7 @@ from ._regex import FORMATS, dag_of_pattern
 
 TOO_DEEP = "the schema is nested too deeply (beyond Python's recursion limit)"
 
-__all__ = ["DISPATCHED_FORMATS", "TOO_DEEP", "EnumSite", "dispatch", "json_texts", "load_schema", "placeholder_literal"]
+__all__ = ["DISPATCHED_FORMATS", "TOO_DEEP", "EnumSite", "dispatch", "json_texts", "load_schema"]
 
 # Keywords whose value is one subschema, a list of them, or a name -> subschema map.
 _ONE = (
@@ -215,6 +215,51 @@ def _finite_string(node: dict[str, Any], path: str) -> tuple[str, str] | None:
     return pattern, f"{path}.pattern"
 
 
+def _resolve(schema: dict[str, Any], ref: str) -> Any:
+    """The subschema a local JSON pointer (``#/$defs/Name``) names, else None."""
+    if not ref.startswith("#"):
+        return None
+    node: Any = schema
+    for token in ref[1:].split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
+def _key_schemas(schema: dict[str, Any]) -> set[int]:
+    """The ids of the subschemas that describe property names: ``propertyNames`` and what it
+    references, directly or through other references."""
+    roots = [node["propertyNames"] for node in _dicts_within(schema) if isinstance(node.get("propertyNames"), dict)]
+    found: set[int] = set()
+    while roots:
+        node = roots.pop()
+        if id(node) in found:
+            continue
+        found.add(id(node))
+        refs = [inner["$ref"] for inner in _dicts_within(node) if isinstance(inner.get("$ref"), str)]
+        roots.extend(target for ref in refs if isinstance(target := _resolve(schema, ref), dict))
+    return found
+
+
+def _dicts_within(node: Any) -> list[dict[str, Any]]:
+    """Every dict inside ``node``, itself included (every subschema, and some dicts that are not)."""
+    found: list[dict[str, Any]] = []
+    stack: list[Any] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            found.append(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
 def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, Any], list[EnumSite]]:
     """A copy of ``schema`` with every enum site replaced by a const placeholder
     (``schema`` itself is not modified).
@@ -223,6 +268,7 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
     """
     nonce = secrets.token_hex(8)
     sites: list[EnumSite] = []
+    key_schemas = _key_schemas(schema)
 
     def distinct(values: list[Any]) -> tuple[Any, ...]:
         if all(type(value) is str for value in values):
@@ -232,9 +278,12 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
             unique.setdefault(json.dumps(value, sort_keys=True) + type(value).__name__[:1], value)
         return tuple(unique.values())
 
-    def visit(node: Any, path: str) -> Any:
+    def visit(node: Any, path: str, keys: bool = False) -> Any:
+        """``keys``: the node describes property names (``propertyNames``, and what it
+        references), which stay xgrammar's: a field's sentinel stands for a value, never a key."""
         if not isinstance(node, dict):
             return node
+        keys = keys or id(node) in key_schemas
         for keyword in _UNENFORCED.keys() & node.keys():
             if node[keyword] is not _UNENFORCED[keyword] or _UNENFORCED[keyword] is None:
                 raise SchemaError(
@@ -242,14 +291,14 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
                     "output could break it; remove it or express it with supported keywords",
                     path=f"{path}.{keyword}",
                 )
-        found = _enum_values(node, path)
+        found = None if keys else _enum_values(node, path)
         if found is not None:
             values = distinct(found[0])
             if len(values) >= min_enum_values:
                 placeholder = f"triemask-{nonce}-{len(sites)}"
                 sites.append(EnumSite(found[1], values, placeholder))
                 return {"const": placeholder}
-        finite = _finite_string(node, path)
+        finite = None if keys else _finite_string(node, path)
         if finite is not None:
             placeholder = f"triemask-{nonce}-{len(sites)}"
             sites.append(EnumSite(finite[1], (), placeholder, finite[0]))
@@ -259,26 +308,21 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
             children = node.get(key)
             if isinstance(children, dict):
                 node[key] = {
-                    name: visit(child, _key_path(_key_path(path, key), name)) for name, child in children.items()
+                    name: visit(child, _key_path(_key_path(path, key), name), keys) for name, child in children.items()
                 }
         for key in _LIST:
             children = node.get(key)
             if isinstance(children, list):
-                node[key] = [visit(child, f"{path}.{key}[{i}]") for i, child in enumerate(children)]
+                node[key] = [visit(child, f"{path}.{key}[{i}]", keys) for i, child in enumerate(children)]
         for key in _ONE:
             if isinstance(node.get(key), dict):
-                node[key] = visit(node[key], f"{path}.{key}")
+                node[key] = visit(node[key], f"{path}.{key}", keys)
         return node
 
     try:
         return visit(schema, "$"), sites
     except RecursionError:
         raise SchemaError(TOO_DEEP, path="$") from None
-
-
-def placeholder_literal(placeholder: str) -> str:
-    """How xgrammar prints the placeholder's JSON text as an EBNF string literal."""
-    return '"\\"' + placeholder + '\\""'
 
 
 def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
