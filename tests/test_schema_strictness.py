@@ -17,6 +17,7 @@ import os
 from importlib import resources
 from typing import Any
 
+import jsonschema
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -34,6 +35,7 @@ from triemask import (
     SchemaError,
     SchemaMatcher,
     Vocabulary,
+    _mixed,
     _storage,
 )
 from triemask._mixed import _check_entry_unforgeable
@@ -297,7 +299,7 @@ REAL_SCHEMAS: dict[str, dict[str, Any]] = {
         "properties": {
             "id": {"type": "string", "format": "uuid"},
             "priority": {"enum": ["low", "medium", "high", "urgent"]},
-            "code": {"type": "string", "pattern": "^[A-Z][0-9]{2}(\\.[0-9]{1,2})?$"},
+            "code": {"type": "string", "pattern": "^[A-Z][0-9]{2}\\.[0-9]{1,2}$"},
             "summary": {"type": "string", "maxLength": 40},
             "contact": {"type": "string", "format": "email"},
             "steps": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
@@ -385,9 +387,14 @@ def test_real_vocabularies(vocab_name: str, name: str) -> None:
         compare_walks(compiled, reference, vocab, walks=6, steps=60, seed=len(name))
 
 
-def test_sentinel_lead_byte_is_refused_by_xgrammars_free_text() -> None:
-    """The entry test's premise, checked on the installed xgrammar as triemask checks it."""
+def test_sentinel_lead_byte_is_refused_by_xgrammars_free_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The entry test's premise, checked on the installed xgrammar as triemask checks it; the
+    check would have refused the old lead byte, 0x01."""
     _check_entry_unforgeable()
+    monkeypatch.setattr(_mixed, "_SENTINEL_LEAD", 0x01)
+    with pytest.raises(ImportError, match="lets free text"):
+        _check_entry_unforgeable.__wrapped__()
+    monkeypatch.undo()
     table = [bytes([b]) for b in range(256)]
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(table, xgr.VocabType.RAW, vocab_size=256, stop_token_ids=[]))
     for kind in (kind for kind in FREE.values() if kind["type"] == "string"):
@@ -407,6 +414,21 @@ def test_separators_must_be_jsons(strict_vocab: Vocabulary, strict_compiler: Com
     with pytest.raises(ArgumentTypeError, match="pair of strings"):
         strict_compiler.compile_json_schema(schema, separators=(",",))  # type: ignore[arg-type]
     check(strict_compiler, strict_vocab, schema, walks=4, steps=30, seed=2, separators=(" , ", " :  "))
+
+
+def test_finite_patterns_follow_the_pattern_where_xgrammar_misreads_it(strict_compiler: Compiler) -> None:
+    """xgrammar 0.2.9 reads an optional group after a counted repetition wrongly (it takes
+    ``"P781"`` for ``^[A-Z][0-9]{2}(\\.[0-9]{1,2})?$``); a finite pattern is triemask's automaton,
+    which follows the pattern, so the output validates. (Found by the walks on real vocabularies;
+    the walks' schemas avoid that construction, where the two engines' languages differ.)"""
+    schema = {"type": "string", "pattern": "^[A-Z][0-9]{2}(\\.[0-9]{1,2})?$"}
+    compiled = strict_compiler.compile_json_schema(schema, min_enum_values=2)
+    assert compiled.stats()["trie_fields"]
+    for text, valid in ((b'"P78"', True), (b'"P78.1"', True), (b'"P781"', False), (b'"P78."', False)):
+        matcher = Matcher(compiled)
+        assert (matcher.accept_tokens(text) == len(text) and matcher.value is not None) == valid, text
+        if valid:
+            jsonschema.validate(matcher.value, schema)
 
 
 # ----------------------------------------------------------------------------- the audit

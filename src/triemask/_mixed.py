@@ -210,21 +210,24 @@ class _Lexical:
 
 
 # Free text of every kind xgrammar builds for JSON (strings plain, length-bounded, with a
-# pattern, a format; free property names): none may accept the sentinel's lead byte.
-_FREE_TEXT_PROBES: tuple[tuple[dict[str, Any], bytes], ...] = (
-    ({"type": "string"}, b'"a'),
-    ({"type": "string", "maxLength": 8}, b'"a'),
-    ({"type": "string", "minLength": 1, "maxLength": 8}, b'"'),
-    ({"type": "string", "pattern": "[^a]{0,8}"}, b'"b'),
-    ({"type": "string", "pattern": ".{0,8}"}, b'"'),
-    ({"type": "string", "pattern": "[\\s\\S]{0,8}"}, b'"'),
-    ({"type": "string", "pattern": "^[\\x00-\\uffff]+$"}, b'"'),
-    ({"type": "string", "format": "email"}, b'"a'),
-    ({"type": "string", "format": "uri"}, b'"a'),
-    ({"type": "string", "format": "date-time"}, b'"'),
-    ({"type": "object"}, b'{"'),
-    ({"type": "object", "additionalProperties": {"type": "string", "maxLength": 4}}, b'{"k": "'),
-)
+# pattern, a format; free property names), and prefixes that lead into each: none may
+# accept the sentinel's lead byte.
+_FREE_TEXT = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "string", "maxLength": 8},
+        {"type": "string", "minLength": 1, "maxLength": 8},
+        {"type": "string", "pattern": "[^a]{0,8}"},
+        {"type": "string", "pattern": ".{0,8}"},
+        {"type": "string", "pattern": "[\\s\\S]{0,8}"},
+        {"type": "string", "pattern": "^[\\x00-\\uffff]+$"},
+        {"type": "string", "format": "email"},
+        {"type": "string", "format": "uri"},
+        {"type": "string", "format": "date-time"},
+        {"type": "object", "additionalProperties": {"type": "string", "maxLength": 4}},
+    ]
+}
+_INTO_FREE_TEXT = (b'"', b'"b', b'"a@', b'{"', b'{"k": "')
 
 
 @cache
@@ -238,16 +241,17 @@ def _check_entry_unforgeable() -> None:
         xgrammar.TokenizerInfo(table, xgrammar.VocabType.RAW, vocab_size=256, stop_token_ids=[]),
         cache_enabled=False,
     )
+    start = xgrammar.GrammarMatcher(compiler.compile_json_schema(json.dumps(_FREE_TEXT), any_whitespace=False))
     mask = np.zeros((1, 8), dtype=np.int32)
-    for schema, inside in _FREE_TEXT_PROBES:
-        matcher = xgrammar.GrammarMatcher(compiler.compile_json_schema(json.dumps(schema), any_whitespace=False))
-        if not matcher.accept_string(inside):  # pragma: no cover - a change in xgrammar's JSON
-            raise ImportError(f"triemask cannot check xgrammar's free text: {schema} refuses {inside!r}")
+    for prefix in _INTO_FREE_TEXT:
+        matcher = start.fork()
+        if not matcher.accept_string(prefix):  # pragma: no cover - a change in xgrammar's JSON
+            raise ImportError(f"triemask cannot check xgrammar's free text: it refuses {prefix!r}")
         matcher.fill_next_token_bitmask(mask)
         in_mask = (int(mask[0, _SENTINEL_LEAD >> 5]) >> (_SENTINEL_LEAD & 31)) & 1
         if in_mask or matcher.fork().accept_string(bytes([_SENTINEL_LEAD])):
             raise ImportError(
-                f"the installed xgrammar ({version('xgrammar')}) lets free text ({json.dumps(schema)}) hold byte "
+                f"the installed xgrammar ({version('xgrammar')}) lets free text (after {prefix!r}) hold byte "
                 f"0x{_SENTINEL_LEAD:02X}, with which triemask marks where a field's value may start: its schemas "
                 "would accept invalid JSON. Install an xgrammar that keeps strings UTF-8 (0.2.x)."
             )
