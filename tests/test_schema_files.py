@@ -246,3 +246,27 @@ def test_the_compile_cache_keeps_schemas_in_memory_and_on_disk(byte_compiler: Co
     assert masks_along(again, walk) == masks_along(first, walk)
     restarted.clear(disk=True)
     assert not list(tmp_path.glob("*.tm"))
+
+
+def test_a_schema_file_answers_only_for_its_own_schema(byte_compiler: Compiler, tmp_path: Path) -> None:
+    """Schema B's file copied under A's name (or a tool list's, or another option's) is not
+    served for A: it is compiled again, and the file replaced."""
+    a, b = SCHEMAS["enum first"], SCHEMAS["adjacent enums"]
+    cache = CompileCache(directory=tmp_path)
+    cache.compile_schema(byte_compiler, a, min_enum_values=2)
+    file_a = next(tmp_path.glob("schema-*.tm"))
+    for other, options, tools in ((b, {"min_enum_values": 2}, False), (a, {"min_enum_values": 3}, False)):
+        file_a.unlink()
+        fresh = CompileCache(directory=tmp_path)
+        fresh.compile_schema(byte_compiler, other, tools=tools, **options)
+        next(tmp_path.glob("schema-*.tm")).rename(file_a)  # the other one's file under A's name
+        restarted = CompileCache(directory=tmp_path)
+        served = restarted.compile_schema(byte_compiler, a, min_enum_values=2)
+        assert restarted.stats()["disk_hits"] == 0 and served.compiled_from(a, min_enum_values=2)
+        assert served.schema == a
+    compiled = byte_compiler.compile_json_schema(a, min_enum_values=2)
+    assert compiled.compiled_from(json.dumps(a), min_enum_values=2)
+    assert not compiled.compiled_from(a) and not compiled.compiled_from(a, min_enum_values=2, any_whitespace=False)
+    assert not compiled.compiled_from(a, min_enum_values=2, unknown=1) and not compiled.compiled_from("{x")
+    tools = byte_compiler.compile_tools(TOOLS)
+    assert tools.compiled_from(TOOLS) and not tools.compiled_from(TOOLS[:2]) and not tools.compiled_from(a)

@@ -237,7 +237,10 @@ def compare_walks(
             tally["steps"] += 1
             tally["allowed"] += len(allowed)
             tally["judged"] += len(differing | (allowed & unsettled))
-            tally["refused, not strict JSON"] += len(theirs_allowed - allowed)
+            for token in theirs_allowed - allowed:  # why the judge refused what xgrammar's mask has
+                data = vocab.token_bytes(token)
+                strict = data is None or strict_json_prefix(ours.text + data)
+                tally["in xgrammar's mask, " + ("refused by its accept_token" if strict else "not strict JSON")] += 1
             for token in rng.sample(range(v), 24):  # tokens outside triemask's mask
                 if token not in allowed:
                     language = judged(ours, theirs, token)
@@ -252,9 +255,13 @@ def compare_walks(
                     tally["taken by xgrammar's accept_token, not its mask"] += language
             if not allowed:
                 break
-            # biased to the tokens that cross boundaries or test strictness
-            pointed = [t for t in allowed if t in unsettled or b'"' in (vocab.token_bytes(t) or b"")]
-            token = rng.choice(sorted(pointed if pointed and rng.random() < 0.6 else allowed))
+            # biased to the tokens that cross boundaries (quotes) or test strictness (control bytes,
+            # partial UTF-8), not so much that whitespace drowns the walk
+            quoted = [t for t in allowed if b'"' in (vocab.token_bytes(t) or b"")]
+            strict = [t for t in allowed if t in unsettled]
+            draw = rng.random()
+            pool = quoted if quoted and draw < 0.45 else strict if strict and draw < 0.65 else allowed
+            token = rng.choice(sorted(pool))
             assert ours.accept_token(token)
             assert theirs.accept_token(token)
             if ours.is_terminated():

@@ -171,6 +171,40 @@ def test_newer_truncated_and_foreign_files_are_named(tmp_path: Path) -> None:
     assert_equal_everywhere(compiled("trie"), TrieAutomaton.load(path, vocab=vocab))
 
 
+def test_only_regular_files_are_read(tmp_path: Path) -> None:
+    """A FIFO (which would block the reader forever), a link to /dev/zero (which would read
+    without bound), a folder: refused before a byte is read, with the field named."""
+    vocab = byte_vocabulary([b"get", b"_user", b"us", b"er"])
+    fifo = tmp_path / "fifo.tm"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.tm"
+    zero.symlink_to("/dev/zero")
+    for path in (fifo, zero, tmp_path):
+        for use_mmap in (True, False):
+            with pytest.raises(AutomatonFileError, match="not a regular file") as raised:
+                TrieAutomaton.load(path, vocab=vocab, mmap=use_mmap)
+            assert raised.value.field == "file"
+
+
+def test_headers_are_bounded_in_size_and_depth(tmp_path: Path) -> None:
+    vocab = byte_vocabulary([b"get", b"_user", b"us", b"er"])
+    path = tmp_path / "set.tm"
+    compiled("trie").save(path)
+    original = path.read_bytes()
+    changed = bytearray(original)
+    struct.pack_into("<I", changed, 12, (1 << 22) + 1)  # a header of 4 MiB and one byte
+    path.write_bytes(bytes(changed) + b" " * (1 << 22))
+    with pytest.raises(AutomatonFileError, match="more than the format allows") as raised:
+        TrieAutomaton.load(path, vocab=vocab)
+    assert raised.value.field == "header"
+    deep = b"[" * 200_000 + b"]" * 200_000  # valid JSON nested past Python's recursion limit
+    preamble = struct.pack("<8sIII", b"TRIEMASK", 2, len(deep), zlib.crc32(deep)).ljust(64, b"\0")
+    path.write_bytes(preamble + deep)
+    with pytest.raises(AutomatonFileError, match="header is unreadable") as raised:
+        TrieAutomaton.load(path, vocab=vocab)
+    assert raised.value.field == "header"
+
+
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), layout=st.sampled_from(["trie", "dag", "lazy"]))
 def test_corrupt_files_are_refused_or_equal(data: st.DataObject, layout: str, tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from ._automaton import TrieAutomaton, set_fingerprint
 from ._compile import Compiler
 from ._errors import ArgumentTypeError, AutomatonFileError, ValueSetError, integer
 from ._mixed import CompiledSchema
+from ._tools import CompiledTools
 
 __all__ = ["DEFAULT_COMPILE_CACHE_BYTES", "CompileCache", "default_compile_cache", "values_fingerprint"]
 
@@ -187,14 +188,21 @@ class CompileCache:
             return compiler.compile_json_schema(schema, **options)
 
         try:
-            text = json.dumps(json.loads(schema) if isinstance(schema, str) else schema, sort_keys=True)
+            given = json.loads(schema) if isinstance(schema, str) else schema
+            text = json.dumps(given, sort_keys=True)
             settings = json.dumps(options, sort_keys=True)
         except (TypeError, ValueError):  # a pydantic class, or text that is not JSON: compiled (and checked) as is
             return compiled()
         key = ("tools" if tools else "schema", compiler.vocab.fingerprint, text, settings)
 
         def build() -> CompiledSchema:
-            found = self._from_disk(key, lambda path: CompiledSchema.load(path, vocab=compiler))
+            found = self._from_disk(
+                key,
+                lambda path: CompiledSchema.load(path, vocab=compiler),
+                # a file answers only for what it was compiled from (never another schema's file
+                # under this one's name), and only of the kind asked for
+                lambda loaded: isinstance(loaded, CompiledTools) == tools and loaded.compiled_from(given, **options),
+            )
             if found is not None:
                 return found
             built = compiled()

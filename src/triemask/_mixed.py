@@ -43,6 +43,7 @@ state kept per output removes the tokens that would break it (:class:`_Lexical`)
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -70,6 +71,7 @@ from ._errors import (
     IncompatibleValueError,
     SchemaError,
     StateError,
+    TriemaskError,
     integer,
 )
 from ._regex import unanchored
@@ -772,6 +774,12 @@ def _restore_field(stored: _storage.Stored, support: _VocabularySupport, k: int,
 Configuration = tuple["CompiledSchema", Any, int, int, bytes, Any]
 
 
+def _fingerprint(kind: str, described: Any, file_options: dict[str, Any]) -> str:
+    digest = hashlib.blake2b(kind.encode(), digest_size=16)
+    digest.update(json.dumps([described, file_options], sort_keys=True).encode())
+    return digest.hexdigest()
+
+
 def _json_separators(separators: Any) -> tuple[str, str] | None:
     """``separators`` as xgrammar takes them, refused unless they are JSON's (a comma, a
     colon, optional whitespace): xgrammar would print others, and the output would not be
@@ -923,13 +931,36 @@ class CompiledSchema:
     @property
     def fingerprint(self) -> str:
         """Fingerprint of what was compiled: the schema (or tool list) and the options."""
-        digest = hashlib.blake2b(self._kind.encode(), digest_size=16)
-        digest.update(json.dumps([self._described(), self._file_options()], sort_keys=True).encode())
-        return digest.hexdigest()
+        return _fingerprint(self._kind, self._described(), self._file_options())
+
+    def compiled_from(self, given: Any, **options: Any) -> bool:
+        """Whether this is what compiling ``given`` (a schema, or a tool list for
+        :class:`CompiledTools`) with ``options`` gives: the same JSON and every option equal,
+        defaults included. The compile cache checks a file of its disk tier with it, so that
+        a file under another schema's name never answers."""
+        defaults = {
+            name: parameter.default
+            for name, parameter in inspect.signature(type(self).__init__).parameters.items()
+            if parameter.default is not inspect.Parameter.empty
+        }
+        if options.keys() - defaults.keys():
+            return False
+        resolved = {name: default if options.get(name) is None else options[name] for name, default in defaults.items()}
+        try:
+            resolved["separators"] = _json_separators(resolved["separators"])
+            described = self._described_for(given)
+        except (TriemaskError, TypeError, ValueError, RecursionError):
+            return False
+        return _fingerprint(self._kind, described, resolved) == self.fingerprint
 
     def _described(self) -> Any:
         """What the file stores to describe what was compiled (the tool list for tools)."""
         return self._schema
+
+    @classmethod
+    def _described_for(cls, given: Any) -> Any:
+        """:meth:`_described` of what compiling ``given`` would give."""
+        return load_schema(given)
 
     def _file_options(self) -> dict[str, Any]:
         return {**self._options, "min_enum_values": self._min_enum_values}

@@ -28,6 +28,7 @@ import json
 import mmap
 import os
 import secrets
+import stat
 import struct
 import threading
 import zlib
@@ -49,7 +50,7 @@ FORMAT_VERSION = 2  # 2: arrays checked by `checksum` (version 1 used zlib's CRC
 _PREAMBLE = struct.Struct("<8sIII")
 _ALIGN = 64
 _DTYPES = {"|b1", "|u1", "<u2", "<i4", "<i8", "<u8"}  # what the automata hold
-_MAX_HEADER = 1 << 24
+_MAX_HEADER = 1 << 22  # 4 MiB: a schema's fields take about 3.6 KB each; parsing 4 MiB of JSON costs <= ~130 MB
 _CHUNK = 1 << 22  # arrays are checksummed in 4 MiB pieces, so that loading verifies them in parallel
 _VERIFIERS: ThreadPoolExecutor | None = None
 _VERIFIERS_LOCK = threading.Lock()
@@ -266,9 +267,7 @@ def read(
     else:
         name = f"file {os.fspath(source)!r}"
         try:
-            with open(source, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if use_mmap and size else f.read()
+            buffer = _read_regular_file(source, name, use_mmap)
         except OSError as error:
             raise AutomatonFileError(f"cannot read {name}: {error.strerror or error}", field="file") from None
     size = len(buffer)
@@ -288,21 +287,28 @@ def read(
             "compile it again (caches do so by themselves)",
             field="format_version",
         )
-    if header_length > min(size - _ALIGN, _MAX_HEADER):
+    if header_length > _MAX_HEADER:
+        raise AutomatonFileError(
+            f"{name} is corrupt: its header claims {header_length} bytes, more than the format allows ({_MAX_HEADER})",
+            field="header",
+        )
+    if header_length > size - _ALIGN:
         raise AutomatonFileError(f"{name} is truncated: its header needs {header_length} bytes", field="size")
     text = bytes(buffer[_ALIGN : _ALIGN + header_length])
     if zlib.crc32(text) != header_crc:
         raise AutomatonFileError(f"{name} is corrupt: the header's checksum does not match", field="header")
     try:
-        header = json.loads(text)
+        header = json.loads(text)  # (its size is bounded above; its depth by RecursionError)
         kind, entries, total = header["kind"], header["arrays"], header["file_bytes"]
         for key in ("vocab_fingerprint", "set_fingerprint", "triemask_version"):
             if not isinstance(header[key], str):
                 raise TypeError(key)
         if not isinstance(header["meta"], dict) or not isinstance(entries, dict) or type(total) is not int:
             raise TypeError("meta, arrays or file_bytes")
-    except (ValueError, KeyError, TypeError) as error:
-        raise AutomatonFileError(f"{name} is corrupt: its header is unreadable ({error})", field="header") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
+        raise AutomatonFileError(
+            f"{name} is corrupt: its header is unreadable ({type(error).__name__}: {error})", field="header"
+        ) from None
     if kind not in kinds:
         raise AutomatonFileError(f"{name} holds a {kind!r}, not one of {', '.join(kinds)}", field="kind")
     if total > size:
@@ -311,6 +317,22 @@ def read(
     for array_name, entry in entries.items():
         arrays[array_name] = _array(buffer, name, array_name, entry, size, verify)
     return Stored(header, arrays, name)
+
+
+def _read_regular_file(source: str | os.PathLike[str], name: str, use_mmap: bool) -> Any:
+    """The bytes of a regular file (mapped read-only, or read): a FIFO, a device (a link to
+    ``/dev/zero``), a folder are refused before any byte is read, and opening never blocks."""
+    handle = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        status = os.fstat(handle)
+        if not stat.S_ISREG(status.st_mode):
+            raise AutomatonFileError(f"{name} is not a regular file (a FIFO, a device or a folder)", field="file")
+        if use_mmap and status.st_size:
+            return mmap.mmap(handle, 0, access=mmap.ACCESS_READ)
+        with os.fdopen(os.dup(handle), "rb") as f:
+            return f.read(status.st_size)
+    finally:
+        os.close(handle)
 
 
 _T = TypeVar("_T")

@@ -150,6 +150,10 @@ class CompiledTools(CompiledSchema):
     def _described(self) -> Any:
         return [{"name": name, "parameters": parameters} for name, parameters in self._tools]
 
+    @classmethod
+    def _described_for(cls, given: Any) -> Any:
+        return [{"name": name, "parameters": parameters} for name, parameters in read_tools(given)]
+
     def _file_options(self) -> dict[str, Any]:
         return {**super()._file_options(), "cache_bytes": self._cache_bytes}
 
