@@ -20,6 +20,8 @@ __all__ = [
     "DagAutomaton",
     "TrieAutomaton",
     "dense_threshold",
+    "expect_dtype",
+    "expect_within",
     "native_kernel",
     "register_kind",
     "restore_parts",
@@ -27,6 +29,7 @@ __all__ = [
     "set_bits",
     "set_fingerprint",
     "state_index",
+    "utf8_steps",
 ]
 
 DEAD = -1
@@ -308,8 +311,56 @@ class TrieAutomaton(_Core):
         return {name: getattr(self, f"_{name}") for name in (*self._ARRAYS, *self._DERIVED)}
 
     @classmethod
-    def _from_stored(cls: type[_Automaton], meta: dict[str, Any], arrays: dict[str, Any]) -> _Automaton:
+    def _from_stored(
+        cls: type[_Automaton], meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None
+    ) -> _Automaton:
+        cls._check_stored(meta, arrays, vocab)
         return cls(**_stored_arguments(cls, arrays), **_meta_arguments(meta))
+
+    @classmethod
+    def _check_stored(cls, meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None) -> None:
+        """Check a file's arrays before anything is built from them: dtypes, bounds, order,
+        and what later reads trust (terminal and value arrays, UTF-8 values, edges that go
+        one level down at least, so no walk loops). Raises AutomatonFileError naming the array.
+        ``vocab``: the vocabulary it is loaded for (its scalar fields are checked before)."""
+        for name in cls._ARRAYS:
+            expect_dtype(arrays, name, _STORED_DTYPES[name])
+        vocab_size = meta["vocab_size"]
+        offsets, tokens, dests = arrays["edge_offsets"], arrays["edge_tokens"], arrays["edge_dests"]
+        num_nodes = len(offsets) - 2
+        value_starts, value_flat = arrays["value_starts"], arrays["value_flat"]
+        num_values = len(value_starts) - 1
+        if num_nodes < 1 or int(offsets[0]) != 0 or (np.diff(offsets) < 0).any() or int(offsets[-1]) != len(tokens):
+            raise AutomatonFileError("edge offsets out of order or out of bounds", field="edge_offsets")
+        if len(dests) != len(tokens):
+            raise AutomatonFileError("edge tokens and destinations of unequal lengths", field="edge_dests")
+        expect_within(tokens, 0, vocab_size, "edge_tokens")
+        expect_within(dests, 0, num_nodes + num_values, "edge_dests")
+        if num_values < 0 or int(value_starts[0]) != 0 or (np.diff(value_starts) < 0).any():
+            raise AutomatonFileError("value offsets out of order", field="value_starts")
+        if int(value_starts[-1]) != len(value_flat):
+            raise AutomatonFileError("value offsets past the values' bytes", field="value_starts")
+        terminal_nodes, terminal_values = arrays["terminal_nodes"], arrays["terminal_values"]
+        if len(terminal_nodes) != len(terminal_values) or (np.diff(terminal_nodes) <= 0).any():
+            raise AutomatonFileError("terminal nodes not ascending, or not one per value", field="terminal_nodes")
+        expect_within(terminal_nodes, 0, num_nodes, "terminal_nodes")
+        expect_within(terminal_values, 0, num_values, "terminal_values")
+        if meta["values_are_str"] and len(value_flat):
+            starts = value_starts[:-1][np.diff(value_starts) > 0]
+            try:  # UTF-8 as a whole, and every value starts a character: each value is UTF-8
+                value_flat.tobytes().decode("utf-8")
+            except UnicodeDecodeError:
+                raise AutomatonFileError("values that are not UTF-8", field="value_flat") from None
+            if ((value_flat[starts] & 0xC0) == 0x80).any():
+                raise AutomatonFileError("values that are not UTF-8", field="value_flat")
+        levels = arrays["level_offsets"]
+        if len(levels) < 2 or int(levels[0]) != 0 or (np.diff(levels) < 0).any() or int(levels[-1]) != num_nodes:
+            raise AutomatonFileError("level offsets out of order or not over every node", field="level_offsets")
+        inner = dests < num_nodes
+        sources = np.repeat(np.arange(num_nodes, dtype=np.int64), np.diff(offsets[: num_nodes + 1]))
+        level = np.searchsorted(levels, np.arange(num_nodes), side="right") - 1
+        if (level[dests[: len(sources)][inner[: len(sources)]]] <= level[sources[inner[: len(sources)]]]).any():
+            raise AutomatonFileError("an edge that does not lead one level down (a cycle)", field="edge_dests")
 
     @property
     def set_fingerprint(self) -> str:
@@ -376,7 +427,7 @@ class TrieAutomaton(_Core):
             held = _KINDS[stored.kind]
             if not issubclass(held, cls):
                 raise AutomatonFileError(f"{stored.source} holds a {held.__name__}, not a {cls.__name__}", field="kind")
-            return cast(_Automaton, restore_stored(stored))  # an instance of `held`, a subclass of cls
+            return cast(_Automaton, restore_stored(stored, vocab))  # an instance of `held`, a subclass of cls
 
         return _storage.load(
             path, kinds=tuple(_KINDS), vocab_fingerprint=vocab.fingerprint, build=build, use_mmap=mmap, verify=verify
@@ -874,6 +925,111 @@ def native_kernel(automaton: TrieAutomaton) -> Any:
     return automaton._kernel
 
 
+_STORED_DTYPES = {
+    "edge_offsets": np.int32,
+    "edge_tokens": np.int32,
+    "edge_dests": np.int32,
+    "terminal_nodes": np.int32,
+    "terminal_values": np.int32,
+    "value_flat": np.uint8,
+    "value_starts": np.int64,
+    "level_offsets": np.int64,
+    "spell_ids": np.int32,
+    "spell_offsets": np.int64,
+    "spell_flat": np.uint8,
+    "dag_in_offsets": np.int64,
+    "dag_source": np.int32,
+    "dag_byte": np.uint8,
+    "dag_dest": np.int32,
+    "dag_accepting": np.int32,
+    "dag_level_offsets": np.int64,
+}
+
+
+def expect_dtype(arrays: dict[str, Any], name: str, dtype: Any) -> None:
+    array = arrays[name]
+    if not isinstance(array, np.ndarray) or array.dtype != dtype or array.ndim != 1:
+        raise AutomatonFileError(f"{name} is not a 1-D {np.dtype(dtype)} array", field=name)
+
+
+def expect_within(array: npt.NDArray[Any], low: int, high: int, name: str) -> None:
+    if array.size and (int(array.min()) < low or int(array.max()) >= high):
+        raise AutomatonFileError(f"{name} holds values outside [{low}, {high})", field=name)
+
+
+def _check_meta(meta: Any, vocab: Any) -> None:
+    """A file's scalar fields, against the vocabulary it is loaded for (when given): the
+    logits width and EOS ids are the vocabulary's, never the file's word."""
+    if not isinstance(meta, dict):
+        raise AutomatonFileError("its fields are not an object", field="meta")
+    vocab_size, eos = meta.get("vocab_size"), meta.get("eos_token_ids")
+    if type(vocab_size) is not int or not 0 < vocab_size < 1 << 31:
+        raise AutomatonFileError(f"vocab_size {vocab_size!r:.40} is not a positive int32", field="vocab_size")
+    if not isinstance(eos, list) or not all(type(t) is int and 0 <= t < vocab_size for t in eos):
+        raise AutomatonFileError(f"eos_token_ids {eos!r:.60} are not ids of the vocabulary", field="eos_token_ids")
+    for name in ("values_are_str", "eos"):
+        if type(meta.get(name)) is not bool:
+            raise AutomatonFileError(f"{name} is not a boolean", field=name)
+    if vocab is not None:
+        if vocab_size != vocab.vocab_size:
+            raise AutomatonFileError(
+                f"vocab_size {vocab_size} is not the vocabulary's ({vocab.vocab_size})", field="vocab_size"
+            )
+        if tuple(eos) != tuple(vocab.eos_token_ids):
+            raise AutomatonFileError(
+                f"eos_token_ids {eos} are not the vocabulary's {list(vocab.eos_token_ids)}", field="eos_token_ids"
+            )
+
+
+def _utf8_steps() -> npt.NDArray[np.uint16]:
+    """``steps[states, byte]``: the set of UTF-8 decoder states after ``byte`` from a set of
+    them (bit i: state i; 0 between characters, 1-3 that many continuation bytes due, 4-7 the
+    restricted second bytes after E0, ED, F0, F4 (RFC 3629); bit 8: not UTF-8)."""
+    one = np.full((8, 256), 8, dtype=np.int64)
+    one[0, :0x80] = 0
+    one[0, 0xC2:0xE0], one[0, 0xE1:0xF0], one[0, 0xF1:0xF4] = 1, 2, 3
+    one[0, 0xE0], one[0, 0xED], one[0, 0xF0], one[0, 0xF4] = 4, 5, 6, 7
+    one[1, 0x80:0xC0], one[2, 0x80:0xC0], one[3, 0x80:0xC0] = 0, 1, 2
+    one[4, 0xA0:0xC0], one[5, 0x80:0xA0], one[6, 0x90:0xC0], one[7, 0x80:0x90] = 1, 1, 2, 2
+    steps = np.zeros((512, 256), dtype=np.uint16)
+    for state in range(8):
+        has = (np.arange(512) >> state) & 1 == 1
+        steps[has] |= (1 << one[state]).astype(np.uint16)
+    return steps
+
+
+_UTF8_STEPS: npt.NDArray[np.uint16] | None = None
+
+
+def _spells_utf8(
+    source: npt.NDArray[Any],
+    byte: npt.NDArray[Any],
+    dest: npt.NDArray[Any],
+    levels: npt.NDArray[Any],
+    accepting: npt.NDArray[Any],
+) -> bool:
+    """Whether every path of a byte DAG (edges grouped by destination, nodes numbered by
+    level) from node 0 to an accepting node spells UTF-8: the decoder states reaching each
+    node, propagated level by level."""
+    steps = utf8_steps()
+    reach = np.zeros(int(levels[-1]), dtype=np.uint16)
+    if not len(reach):
+        return True
+    reach[0] = 1
+    for low, high in zip(levels[1:-1].tolist(), levels[2:].tolist(), strict=True):  # destinations by level
+        lo, hi = np.searchsorted(dest, low), np.searchsorted(dest, high)
+        np.bitwise_or.at(reach, dest[lo:hi], steps[reach[source[lo:hi]], byte[lo:hi]])
+    return not (reach & 0x100).any() and not (reach[accepting] & 0xFE).any()
+
+
+def utf8_steps() -> npt.NDArray[np.uint16]:
+    """The table of :func:`_spells_utf8` (built once)."""
+    global _UTF8_STEPS
+    if _UTF8_STEPS is None:
+        _UTF8_STEPS = _utf8_steps()
+    return _UTF8_STEPS
+
+
 def _stored_arguments(cls: type[TrieAutomaton], arrays: dict[str, Any]) -> dict[str, Any]:
     """The constructor's array arguments from a file's arrays (the derived ones if there)."""
     found = {name: arrays[name] for name in cls._ARRAYS}
@@ -896,11 +1052,17 @@ def register_kind(cls: type[TrieAutomaton]) -> type[TrieAutomaton]:
     return cls
 
 
-def restore_stored(stored: _storage.Stored) -> TrieAutomaton:
-    """The automaton a file holds (its vocabulary not checked: :meth:`TrieAutomaton.load` does)."""
+def restore_stored(stored: _storage.Stored, vocab: Any = None) -> TrieAutomaton:
+    """The automaton a file holds, its fields checked against ``vocab`` when given (its
+    fingerprint is :meth:`TrieAutomaton.load`'s check)."""
     header = stored.header
     return restore_parts(
-        stored.kind, stored.meta, stored.arrays, vocab_fingerprint=header["vocab_fingerprint"], source=stored.source
+        stored.kind,
+        stored.meta,
+        stored.arrays,
+        vocab_fingerprint=header["vocab_fingerprint"],
+        source=stored.source,
+        vocab=vocab,
     )
 
 
@@ -912,15 +1074,21 @@ def restore_parts(
     vocab_fingerprint: str,
     source: str,
     field: str = "arrays",
+    vocab: Any = None,
 ) -> TrieAutomaton:
     """The automaton of :meth:`TrieAutomaton.file_parts`, checked: raises AutomatonFileError
-    (``.field``: ``field``) when the parts name another vocabulary or do not form one."""
+    (``.field``: ``field``, or the field at fault) when the parts name another vocabulary
+    (or disagree with ``vocab``), or do not form an automaton."""
     if not isinstance(meta, dict) or meta.get("vocab_fingerprint") != vocab_fingerprint:
         raise AutomatonFileError(
             f"{source} is corrupt: its fields name another vocabulary than its header", field="header"
         )
     try:
-        return _KINDS[kind]._from_stored(meta, arrays)
+        _check_meta(meta, vocab)
+        return _KINDS[kind]._from_stored(meta, arrays, vocab)
+    except AutomatonFileError as error:  # named by the field at fault (within ``field`` for a part of a file)
+        where = error.field if field == "arrays" else f"{field}.{error.field}"
+        raise AutomatonFileError(f"{source} is corrupt: {error}", field=where) from None
     except (KeyError, TypeError, ValueError) as error:  # a field missing, or arrays that do not fit together
         raise AutomatonFileError(
             f"{source} is corrupt: its arrays do not form an automaton ({type(error).__name__}: {error})", field=field
@@ -986,9 +1154,50 @@ class DagAutomaton(TrieAutomaton):
         return arrays
 
     @classmethod
-    def _from_stored(cls, meta: dict[str, Any], arrays: dict[str, Any]) -> DagAutomaton:
+    def _check_stored(cls, meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None) -> None:
+        super()._check_stored(meta, arrays, vocab)
+        for name in ("spell_ids", "spell_offsets", "spell_flat", *(f"dag_{name}" for name in cls._DAG_ARRAYS)):
+            expect_dtype(arrays, name, _STORED_DTYPES[name])
+        spell_ids, spell_offsets = arrays["spell_ids"], arrays["spell_offsets"]
+        expect_within(spell_ids, 0, meta["vocab_size"], "spell_ids")
+        if (np.diff(spell_ids) <= 0).any() or len(spell_offsets) != len(spell_ids) + 1:
+            raise AutomatonFileError("spelled tokens not ascending, or not one offset each", field="spell_ids")
+        if int(spell_offsets[0]) != 0 or (np.diff(spell_offsets) < 0).any():
+            raise AutomatonFileError("spelling offsets out of order", field="spell_offsets")
+        if int(spell_offsets[-1]) != len(arrays["spell_flat"]):
+            raise AutomatonFileError("spelling offsets past the spelled bytes", field="spell_offsets")
+        # the byte DAG, which value(), values() and num_values walk: in bounds and acyclic
+        num_nodes = len(arrays["edge_offsets"]) - 2
+        source, dest, levels = arrays["dag_source"], arrays["dag_dest"], arrays["dag_level_offsets"]
+        if len(source) != len(dest) or len(arrays["dag_byte"]) != len(source):
+            raise AutomatonFileError("byte edges of unequal lengths", field="dag_source")
+        expect_within(source, 0, num_nodes, "dag_source")
+        expect_within(dest, 0, num_nodes, "dag_dest")
+        expect_within(arrays["dag_accepting"], 0, num_nodes, "dag_accepting")
+        if not np.array_equal(arrays["dag_accepting"], arrays["terminal_nodes"]):
+            raise AutomatonFileError("accepting nodes that are not the terminal nodes", field="dag_accepting")
+        in_offsets = arrays["dag_in_offsets"]
+        if (
+            len(in_offsets) != num_nodes + 1
+            or int(in_offsets[0]) != 0
+            or (np.diff(in_offsets) < 0).any()
+            or int(in_offsets[-1]) != len(dest)
+            or (np.diff(dest.astype(np.int64)) < 0).any()
+        ):
+            raise AutomatonFileError("byte edges not grouped by destination", field="dag_in_offsets")
+        if not np.array_equal(levels, arrays["level_offsets"]):
+            raise AutomatonFileError("byte levels that are not the automaton's", field="dag_level_offsets")
+        level = np.searchsorted(levels, np.arange(num_nodes), side="right") - 1
+        if (level[dest] <= level[source]).any():
+            raise AutomatonFileError("a byte edge that does not lead one level down (a cycle)", field="dag_dest")
+        if not _spells_utf8(source, arrays["dag_byte"], dest, levels, arrays["dag_accepting"]):  # a DAG spells str
+            raise AutomatonFileError("byte edges that spell strings which are not UTF-8", field="dag_byte")
+
+    @classmethod
+    def _from_stored(cls, meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None) -> DagAutomaton:
         from ._regex import ByteDag
 
+        cls._check_stored(meta, arrays, vocab)
         dag = ByteDag(**{name: arrays[f"dag_{name}"] for name in cls._DAG_ARRAYS})
         return cls(
             dag=dag,

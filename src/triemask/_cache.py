@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from . import _storage
 from ._automaton import TrieAutomaton, set_fingerprint
 from ._compile import Compiler
 from ._errors import ArgumentTypeError, AutomatonFileError, ValueSetError, integer
@@ -79,6 +80,8 @@ class CompileCache:
     directory : str or path, optional
         A second tier on disk: compiled sets and schemas are saved there (triemask's file
         format, named by a hash of their key) and mapped back by later processes. None: memory only.
+        A folder owned by another user or writable by others is not used (one warning): any
+        file put there would be loaded.
     max_disk_bytes : int
         The bound of the disk tier (default 4 GiB); the least recently written files go first.
 
@@ -107,7 +110,8 @@ class CompileCache:
         self.max_disk_bytes = integer(max_disk_bytes, "max_disk_bytes", ValueSetError, "a non-negative integer")
         if self.max_bytes < 0 or self.max_disk_bytes < 0:
             raise ValueSetError(f"cache bounds must be non-negative, got {max_bytes} and {max_disk_bytes}")
-        self.directory = Path(directory) if directory is not None else None
+        # a folder others could write into is not used (its files would be loaded): one warning
+        self.directory = _storage.trusted_directory(Path(directory))[0] if directory is not None else None
         self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._aliases: OrderedDict[tuple[str, str], str] = OrderedDict()
         self._pending: dict[Hashable, threading.Event] = {}

@@ -26,10 +26,19 @@ import numpy as np
 import numpy.typing as npt
 
 from . import _kernels
-from ._automaton import DEAD, TrieAutomaton, dense_threshold, register_kind, set_bits, state_index
+from ._automaton import (
+    DEAD,
+    TrieAutomaton,
+    dense_threshold,
+    expect_dtype,
+    register_kind,
+    set_bits,
+    state_index,
+    utf8_steps,
+)
 from ._bitmask import bitmask_width
-from ._errors import ArgumentTypeError, ValueIndexError
-from ._token_index import TokenTrie
+from ._errors import ArgumentTypeError, AutomatonFileError, ValueIndexError
+from ._token_index import TokenTrie, token_trie_of
 from ._trie import ByteTrie
 
 __all__ = ["DEFAULT_CACHE_BYTES", "LazyTrieAutomaton", "lazy_arrays"]
@@ -42,6 +51,19 @@ _COUNT = 0x1FF  # node word bits 0-8: number of children
 _DEAD = 0x4000  # no token sequence completes a value from this node: no edge leads here
 _TERMINAL = 0x8000  # a value ends here
 _BLOCK = 64  # first-child ids and terminal ranks are sampled every _BLOCK nodes
+_STORED_DTYPES = {
+    "node_byte": np.uint8,
+    "node_word": np.uint16,
+    "child_blocks": np.int32,
+    "terminal_blocks": np.int32,
+    "terminal_values": np.int32,
+    "value_nodes": np.int32,
+    "level_offsets": np.int64,
+    "token_children": np.int32,
+    "token_node_byte": np.uint8,
+    "token_token_offsets": np.int32,
+    "token_token_ids": np.int32,
+}
 _ENTRY_BYTES = 64  # what a cached node costs besides its edges (the C cache's header)
 _CHUNK = 8192  # frontier pairs expanded at once by the NumPy reference
 
@@ -198,7 +220,65 @@ class LazyTrieAutomaton(TrieAutomaton):
         return arrays
 
     @classmethod
-    def _from_stored(cls, meta: dict[str, Any], arrays: dict[str, Any]) -> LazyTrieAutomaton:
+    def _check_stored(cls, meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None) -> None:
+        """The trie the node words describe, checked against every array that indexes it
+        (first-child and terminal samples, value maps, levels, byte order of children, UTF-8
+        values), and the token trie against the vocabulary's when it is given."""
+        for name, dtype in _STORED_DTYPES.items():
+            expect_dtype(arrays, name, dtype)
+        node_byte, words, levels = arrays["node_byte"], arrays["node_word"], arrays["level_offsets"]
+        n = len(node_byte)
+        counts = (words & _COUNT).astype(np.int64)
+        if n < 1 or len(words) != n or (words & ~np.uint16(_COUNT | _DEAD | _TERMINAL)).any() or (counts > 256).any():
+            raise AutomatonFileError("node words that do not describe a trie", field="node_word")
+        if int(counts.sum()) != n - 1:
+            raise AutomatonFileError("child counts that do not add up to the nodes", field="node_word")
+        parent = np.zeros(n, dtype=np.int64)
+        parent[1:] = np.repeat(np.arange(n), counts)  # breadth-first: children contiguous, after their parent
+        if (parent[1:] >= np.arange(1, n)).any():
+            raise AutomatonFileError("a node that is not after its parent", field="node_word")
+        same = parent[2:] == parent[1:-1]
+        if (node_byte[2:][same] <= node_byte[1:-1][same]).any():
+            raise AutomatonFileError("children that are not in ascending byte order", field="node_byte")
+        starts = np.arange(0, n, _BLOCK)
+        expected = np.ones(len(starts) + 1, dtype=np.int64)
+        np.cumsum(np.add.reduceat(counts, starts), out=expected[1:])
+        expected[1:] += 1
+        if not np.array_equal(arrays["child_blocks"], expected):
+            raise AutomatonFileError("first-child samples that are not the trie's", field="child_blocks")
+        terminal = (words & _TERMINAL) != 0
+        ranks = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.cumsum(np.add.reduceat(terminal.view(np.uint8), starts, dtype=np.int64), out=ranks[1:])
+        if not np.array_equal(arrays["terminal_blocks"], ranks):
+            raise AutomatonFileError("terminal samples that are not the trie's", field="terminal_blocks")
+        terminal_nodes = np.flatnonzero(terminal)
+        values, nodes = arrays["terminal_values"], arrays["value_nodes"]
+        if len(values) != len(terminal_nodes) or len(nodes) != len(terminal_nodes):
+            raise AutomatonFileError("not one value per terminal node", field="terminal_values")
+        if not np.array_equal(np.sort(values), np.arange(len(values))):
+            raise AutomatonFileError("terminal values that are not the values' indices", field="terminal_values")
+        if not np.array_equal(nodes[values], terminal_nodes):
+            raise AutomatonFileError("value nodes that are not the terminal nodes", field="value_nodes")
+        expected_levels = [0, 1]
+        while expected_levels[-1] > expected_levels[-2]:
+            expected_levels.append(1 + int(counts[: expected_levels[-1]].sum()))
+        if not np.array_equal(levels, np.array(expected_levels[:-1], dtype=np.int64)):
+            raise AutomatonFileError("level offsets that are not the trie's levels", field="level_offsets")
+        if meta["values_are_str"]:  # every value spells UTF-8: decoder states down the trie, level by level
+            steps, state = utf8_steps(), np.ones(n, dtype=np.uint16)
+            for low, high in zip(levels[1:-1].tolist(), levels[2:].tolist(), strict=True):
+                state[low:high] = steps[state[parent[low:high]], node_byte[low:high]]
+            if (state & 0x100).any() or (state[terminal_nodes] != 1).any():
+                raise AutomatonFileError("values that are not UTF-8", field="node_byte")
+        if vocab is not None:
+            fresh = token_trie_of(vocab)
+            for name in cls._TOKEN_ARRAYS:
+                if not np.array_equal(arrays[f"token_{name}"], getattr(fresh, name)):
+                    raise AutomatonFileError("a token trie that is not the vocabulary's", field=f"token_{name}")
+
+    @classmethod
+    def _from_stored(cls, meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None) -> LazyTrieAutomaton:
+        cls._check_stored(meta, arrays, vocab)
         token_trie = TokenTrie(**{name: arrays[f"token_{name}"] for name in cls._TOKEN_ARRAYS})
         arguments = {**meta, "eos_token_ids": tuple(meta["eos_token_ids"])}
         return cls(token_trie=token_trie, **{name: arrays[name] for name in cls._ARRAYS}, **arguments)

@@ -648,9 +648,9 @@ def _field_tables(f: _Field) -> dict[str, npt.NDArray[Any]]:
     }
 
 
-def stored_field_automaton(stored: _storage.Stored, k: int) -> TrieAutomaton:
+def stored_field_automaton(stored: _storage.Stored, k: int, vocab: Vocabulary | None = None) -> TrieAutomaton:
     """Enum field ``k``'s automaton in a saved schema, checked as any saved automaton is
-    (its vocabulary not: :meth:`CompiledSchema.load` checks the file's)."""
+    (against ``vocab`` when given; :meth:`CompiledSchema.load` checks the file's fingerprint)."""
     entry = stored.meta["fields"][k]
     prefix = f"f{k}.automaton."
     return restore_parts(
@@ -660,6 +660,7 @@ def stored_field_automaton(stored: _storage.Stored, k: int) -> TrieAutomaton:
         vocab_fingerprint=stored.header["vocab_fingerprint"],
         source=stored.source,
         field=f"f{k}.automaton",
+        vocab=vocab,
     )
 
 
@@ -680,7 +681,7 @@ def _restore_field(stored: _storage.Stored, support: _VocabularySupport, k: int,
             raise ValueError(f"field {k}: {name} outside [0, {high})")
         return array
 
-    automaton = stored_field_automaton(stored, k)
+    automaton = stored_field_automaton(stored, k, support.vocab)
     first, last = bytes.fromhex(entry["first"]), bytes.fromhex(entry["last"])
     pieces = support.pieces(first, last)
     if entry["pieces_fingerprint"] != pieces.fingerprint:

@@ -25,6 +25,7 @@ file.
 from __future__ import annotations
 
 import json
+import logging
 import mmap
 import os
 import secrets
@@ -43,7 +44,19 @@ import numpy.typing as npt
 from . import _kernels
 from ._errors import AutomatonFileError
 
-__all__ = ["FORMAT_VERSION", "Stored", "cache_directory", "checksum", "load", "read", "to_bytes", "write"]
+__all__ = [
+    "FORMAT_VERSION",
+    "Stored",
+    "cache_directory",
+    "checksum",
+    "load",
+    "read",
+    "to_bytes",
+    "trusted_directory",
+    "write",
+]
+
+logger = logging.getLogger("triemask")
 
 MAGIC = b"TRIEMASK"
 FORMAT_VERSION = 2  # 2: arrays checked by `checksum` (version 1 used zlib's CRC-32, half as fast)
@@ -95,6 +108,37 @@ def _verifiers() -> ThreadPoolExecutor:
         if _VERIFIERS is None:  # the C checksum releases the GIL: the pieces are checked on every core
             _VERIFIERS = ThreadPoolExecutor(max_workers=os.cpu_count() or 2, thread_name_prefix="triemask-verify")
         return _VERIFIERS
+
+
+_REFUSED_DIRECTORIES: set[str] = set()
+
+
+def trusted_directory(directory: Path) -> tuple[Path | None, str]:
+    """``(directory, "")`` when files there can be trusted and written, else ``(None, why)``:
+    a folder owned by another user or writable by others (anyone could put a file there that
+    this process would load) is refused with one warning per process; one this process cannot
+    enter or write is skipped. A folder that does not exist yet is made by its first writer."""
+    try:
+        status = directory.stat()
+    except FileNotFoundError:
+        return directory, ""
+    except OSError as error:
+        return None, f"cannot look at {str(directory)!r}: {error.strerror or error}"
+    why = ""
+    if not stat.S_ISDIR(status.st_mode):
+        why = "it is not a folder"
+    elif hasattr(os, "geteuid") and status.st_uid != os.geteuid():
+        why = f"it is owned by user {status.st_uid}, not by this process's ({os.geteuid()})"
+    elif status.st_mode & 0o022:
+        why = f"others may write into it (mode {stat.S_IMODE(status.st_mode):o})"
+    if why:
+        if str(directory) not in _REFUSED_DIRECTORIES:
+            _REFUSED_DIRECTORIES.add(str(directory))
+            logger.warning("triemask does not use the cache folder %s: %s", directory, why)
+        return None, f"the cache folder {str(directory)!r} is not used: {why}"
+    if not os.access(directory, os.R_OK | os.W_OK | os.X_OK):
+        return None, f"cannot read and write in {str(directory)!r}"
+    return directory, ""
 
 
 def cache_directory() -> Path:

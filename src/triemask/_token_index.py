@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -35,7 +35,7 @@ from ._errors import AutomatonFileError
 from ._trie import build_trie
 from ._vocabulary import Vocabulary
 
-__all__ = ["TokenIndex", "TokenTrie"]
+__all__ = ["TokenIndex", "TokenTrie", "token_trie_of"]
 
 _DENSE_TABLE_BYTES = 48 << 20  # budget for the dense transition rows
 _HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing
@@ -69,7 +69,8 @@ class TokenTrie:
         return sum(a.nbytes for a in (self.children, self.node_byte, self.token_offsets, self.token_ids))
 
 
-def _token_trie(vocab: Vocabulary) -> TokenTrie:
+def token_trie_of(vocab: Vocabulary) -> TokenTrie:
+    """The forward trie of ``vocab``'s text tokens (the lazy layout's; checked against a file's)."""
     lengths, _, data = vocab.byte_table()
     text_ids = np.flatnonzero(lengths > 0).astype(np.int32)
     starts = np.zeros(len(text_ids) + 1, dtype=np.int64)
@@ -218,9 +219,12 @@ class TokenIndex:
         or why the file was not used). A file that fails any check is rebuilt, never trusted."""
         if directory is None:
             return cls(vocab), "built"
+        trusted, why = _storage.trusted_directory(directory)
+        if trusted is None:
+            return cls(vocab), f"built ({why})"
         path = directory / f"token-index-{vocab.fingerprint}.tmi"
         note = "built"
-        if path.exists():
+        if path.is_file():
             started = time.perf_counter()
             try:
                 index = _storage.load(  # checksums on worker threads while the index is checked
@@ -265,8 +269,29 @@ class TokenIndex:
         index.build_seconds = time.perf_counter() - started
         return index
 
+    _DTYPES: ClassVar[dict[str, Any]] = {
+        "first_token": np.int32,
+        "has_children": np.bool_,
+        "dense": np.int32,
+        "hash_table": np.uint64,
+        "level_offsets": np.int64,
+        "byte_is_token": np.bool_,
+        "byte_in_token": np.bool_,
+        "child_offsets": np.int32,
+        "node_byte": np.uint8,
+        "dup_tokens": np.int32,
+        "dup_offsets": np.int64,
+    }
+
     def _check(self) -> None:
-        """The invariants every lookup relies on (a loaded index is checked before use)."""
+        """The invariants every lookup relies on (a loaded index is checked before use):
+        dtypes, sizes, ranges, and that its trie spells exactly the vocabulary's tokens."""
+        for name, dtype in self._DTYPES.items():
+            array = getattr(self, name)
+            if array is not None and (array.dtype != dtype or array.ndim != 1):
+                raise ValueError(
+                    f"{name} is {array.dtype} of {array.ndim} dimensions, not a 1-D {np.dtype(dtype)} array"
+                )
         n = self.num_nodes
         sizes = {"first_token": n + 1, "has_children": n + 1, "child_offsets": n + 2, "node_byte": n + 1}
         for name, size in sizes.items():
@@ -283,14 +308,51 @@ class TokenIndex:
         used = self.hash_table[self.hash_table != _EMPTY]
         if used.size and int((used & np.uint64(0xFFFFFFFF)).max()) > n:
             raise ValueError("a hashed transition is out of range")
-        if (np.diff(self.child_offsets) < 0).any() or int(self.child_offsets[-1]) > n + 1:
-            raise ValueError("child offsets are not ascending within the trie")
+        if (
+            (np.diff(self.child_offsets) < 0).any()
+            or int(self.child_offsets[0]) != 1
+            or int(self.child_offsets[-1]) != n
+        ):
+            raise ValueError("child offsets are not ascending over the trie's nodes")
+        self._check_tokens()
+
+    def _check_tokens(self) -> None:
+        """That the trie holds every text token of the vocabulary once, each at the node its
+        reversed bytes lead to (an index of another vocabulary under this one's name gives
+        wrong masks otherwise): a walk up from every token's node, all tokens a step at a time."""
+        n = self.num_nodes
+        lengths, starts, data = self.vocab.byte_table()
+        raw = np.frombuffer(data, dtype=np.uint8)
+        nodes = np.flatnonzero(self.first_token[:n] >= 0)
+        tokens = self.first_token[nodes].astype(np.int64)
+        if self.dup_tokens is not None and self.dup_offsets is not None:
+            if len(self.dup_offsets) != n + 2 or (np.diff(self.dup_offsets) < 0).any():
+                raise ValueError("duplicate-token offsets out of order")
+            if int(self.dup_offsets[0]) != 0 or int(self.dup_offsets[-1]) != len(self.dup_tokens):
+                raise ValueError("duplicate-token offsets past their tokens")
+            counts = np.diff(self.dup_offsets[: n + 1])
+            nodes = np.concatenate([nodes, np.repeat(np.arange(n), counts)])
+            tokens = np.concatenate([tokens, self.dup_tokens[: int(self.dup_offsets[n])].astype(np.int64)])
+        text_ids = np.flatnonzero(lengths > 0)
+        if len(tokens) != len(text_ids) or not np.array_equal(np.sort(tokens), text_ids):
+            raise ValueError("the trie does not hold the vocabulary's text tokens, each once")
+        parent = np.repeat(np.arange(n + 1), np.diff(self.child_offsets))  # of nodes 1 .. n - 1
+        parent = np.concatenate([[0], parent])
+        at, position, left = nodes.astype(np.int64), starts[tokens].astype(np.int64), lengths[tokens].astype(np.int64)
+        while len(at):
+            if (at == 0).any() or (self.node_byte[at] != raw[position]).any():
+                raise ValueError("a token's bytes do not lead to the node that holds it")
+            at, position, left = parent[at], position + 1, left - 1
+            more = left > 0
+            if (at[~more] != 0).any():
+                raise ValueError("a token's node is deeper than its bytes")
+            at, position, left = at[more], position[more], left[more]
 
     def token_trie(self) -> TokenTrie:
         """The forward trie of the text tokens (built on first use, for the lazy layout)."""
         with self.token_trie_lock:
             if self.token_trie_value is None:
-                self.token_trie_value = _token_trie(self.vocab)
+                self.token_trie_value = token_trie_of(self.vocab)
             return self.token_trie_value
 
     def native_tables(self) -> Any:
