@@ -117,7 +117,7 @@ def _differences(xgr: Any, automaton: TrieAutomaton, compiled: Any, paths: list[
 def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, Any]]:
     import xgrammar as xgr
 
-    from triemask._regex import dag_of_pattern
+    from triemask._regex import clear_pattern_cache
 
     loaded = vocabs.load(name)
     vocab = loaded.vocab
@@ -138,7 +138,7 @@ def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, An
     for fmt, pattern in FORMATS.items():
 
         def cold(pattern: str = pattern) -> None:
-            dag_of_pattern.cache_clear()
+            clear_pattern_cache()
             compiler.compile_regex(pattern)
 
         def xgrammar_compile(pattern: str = pattern) -> None:

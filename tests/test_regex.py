@@ -390,10 +390,17 @@ def test_class_matching_equals_byte_matching(name: str) -> None:
 
 
 @pytest.mark.parametrize("pattern", ["(.{0,50}){0,50}", "[ab]{0,30}a[ab]{30}", "((a{100}){100}){19}"])
-def test_hostile_patterns_are_refused_quickly(pattern: str) -> None:
+def test_hostile_patterns_are_refused_quickly(pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Patterns whose automaton is costly to build (large subsets, exponential DFAs, deep
-    repetition) are a PatternError at admission: the work is bounded, not just the states."""
-    from triemask._regex import dag_of_pattern
+    repetition) are a PatternError at admission: the work is bounded, not just the states;
+    and the refusal is remembered, not built again for the engine or the next request."""
+    from triemask import _regex
 
-    with pytest.raises(PatternError, match="more than"):
-        dag_of_pattern.__wrapped__(pattern)
+    _regex.clear_pattern_cache()
+    builds = []
+    build = _regex._dag_of_pattern
+    monkeypatch.setattr(_regex, "_dag_of_pattern", lambda p: builds.append(p) or build(p))
+    for _ in range(3):
+        with pytest.raises(PatternError, match="more than"):
+            _regex.dag_of_pattern(pattern)
+    assert builds == [pattern]

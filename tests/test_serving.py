@@ -108,7 +108,7 @@ def test_malformed_requests_name_the_field(registered, extra_args: dict, message
     ],
 )
 def test_malformed_patterns_are_refused_at_admission(extra_args: dict, message: str, monkeypatch) -> None:  # type: ignore[no-untyped-def,type-arg]
-    monkeypatch.setenv("TRIEMASK_MAX_SET_BYTES", "32")
+    monkeypatch.setenv("TRIEMASK_MAX_PATTERN_BYTES", "32")
     with pytest.raises(RequestError, match=message):
         validate_request(extra_args)
 
@@ -124,6 +124,25 @@ def test_patterns_and_formats_compile_once_and_constrain_rows(sets: CompiledSets
     row.catch_up()
     automaton = row.compiled.automaton
     assert automaton.is_accepting(row.state) and automaton.spell(list(b"ba-")) == "ba-"
+
+
+def test_costly_patterns_are_refused_before_parsing_or_within_the_automaton_budget(sets: CompiledSets) -> None:
+    """A 1 MiB pattern is refused by its size before the parser sees it; a 9-byte pattern
+    whose automaton would take gigabytes for the vocabulary (``.{0,1000}``) is admitted (its
+    byte automaton is small) and refused by the engine's compile within the automaton budget,
+    that request alone ended; a pattern whose byte automaton is costly is refused at
+    admission, once."""
+    with pytest.raises(RequestError, match="more than the server's limit of 4096"):
+        validate_request({"triemask_regex": "a" * (1 << 20)})
+    with pytest.raises(RequestError, match="steps to build"):
+        validate_request({"triemask_regex": "((.{0,10}){0,10}){0,10}"})
+    small = CompiledSets(sets.compiler, sets.device, limits=Limits(max_automaton_bytes=1 << 16))
+    validate_request({"triemask_regex": ".{0,1000}"})
+    with pytest.raises(SetCompileError, match=r"MemoryLimitError.*max_bytes=65,536"):
+        small.get(PatternRequest("triemask_regex", ".{0,1000}"))
+    with pytest.raises(SetCompileError, match="MemoryLimitError"):  # remembered as failed
+        small.get(PatternRequest("triemask_regex", ".{0,1000}"))
+    assert small.get(PatternRequest("triemask_regex", "[ab]{2}")).automaton is not None
 
 
 def test_limits_come_from_the_environment_and_are_checked() -> None:

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import byte_vocabulary
 from test_serving import FakeRequestStates, params
-from triemask import Compiler, SchemaMatcher
+from triemask import Compiler, SchemaError, SchemaMatcher
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("xgrammar")
@@ -82,6 +82,47 @@ def test_deeply_nested_schemas_are_a_400() -> None:
             validate_request({"triemask_json_schema": given})
     with pytest.raises(RequestError, match="nested too deeply"):
         validate_request({"triemask_tools": [{"name": "a", "parameters": nested}]})
+
+
+def test_schemas_deeper_than_the_bound_are_a_400_before_xgrammar_sees_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """240 nested objects (11 KB) cost xgrammar seconds; the bound is on the JSON's depth."""
+    nested: dict = {"type": "string"}  # type: ignore[type-arg]
+    for _ in range(240):
+        nested = {"type": "object", "properties": {"x": nested}, "required": ["x"]}
+    import xgrammar
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("xgrammar saw the schema")
+
+    monkeypatch.setattr(xgrammar.Grammar, "from_json_schema", never)
+    with pytest.raises(RequestError, match="nests 481 levels deep, more than 128"):
+        validate_request({"triemask_json_schema": nested})
+    with pytest.raises(RequestError, match=r"\$\[0\].parameters.*nests 481 levels deep"):
+        validate_request({"triemask_tools": [{"name": "a", "parameters": nested}]})
+    with pytest.raises(SchemaError, match="nests 481 levels deep"):
+        Compiler(byte_vocabulary()).compile_json_schema(nested)
+
+
+def test_a_schema_builds_at_most_a_few_pattern_automata(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pattern's automaton is bounded (about 0.15 s); a schema with many costly ones
+    builds MAX_DISPATCHED_PATTERNS of them at most and leaves the rest to xgrammar."""
+    from triemask import _regex
+    from triemask._schema import MAX_DISPATCHED_PATTERNS
+
+    _regex.clear_pattern_cache()
+    builds: list[str] = []
+    build = _regex._dag_of_pattern
+    monkeypatch.setattr(_regex, "_dag_of_pattern", lambda p: builds.append(p) or build(p))
+    fields = {
+        f"f{i}": {"type": "string", "pattern": f"\\w{{0,30}}\\d\\w{{0,30}}\\d\\w{{0,{30 + i}}}"} for i in range(20)
+    }
+    schema = {"type": "object", "properties": fields}
+    validate_request({"triemask_json_schema": schema})
+    assert len(builds) == MAX_DISPATCHED_PATTERNS
+    for i in range(20):  # finite patterns, all cheap: still only the first few are automata
+        fields[f"f{i}"] = {"type": "string", "pattern": f"[a-c]{{{i + 1}}}"}
+    compiled = Compiler(byte_vocabulary()).compile_json_schema({"type": "object", "properties": fields})
+    assert len(compiled.stats()["trie_fields"]) == MAX_DISPATCHED_PATTERNS
 
 
 def test_schema_size_is_limited() -> None:

@@ -209,7 +209,7 @@ class Compiler:
             raise _over_budget(max_bytes, automaton.memory_bytes, "the automaton")
         return automaton
 
-    def compile_regex(self, pattern: str, *, eos: bool = True) -> DagAutomaton:
+    def compile_regex(self, pattern: str, *, eos: bool = True, max_bytes: int | None = None) -> DagAutomaton:
         """Compile a regular expression whose language is finite.
 
         The pattern is anchored (the whole output matches it) and may use literals,
@@ -225,9 +225,16 @@ class Compiler:
             The regular expression.
         eos : bool
             As in :meth:`compile`: EOS is allowed once the output is in the language.
+        max_bytes : int, optional
+            Refuse, before the large allocations, an automaton that would take more memory
+            (a few characters can ask for gigabytes: ``.{0,1000}`` allows nearly every token at
+            each of its thousands of nodes); checked while the vocabulary is matched, so the
+            work done is bounded by it too.
 
         Raises
         ------
+        MemoryLimitError
+            The automaton would take more than ``max_bytes``.
         UnboundedPatternError
             The pattern repeats without bound (``*``, ``+``, ``{n,}``): its language
             is infinite and needs the structural engine (xgrammar).
@@ -240,7 +247,7 @@ class Compiler:
         """
         if not isinstance(pattern, str):
             raise ArgumentTypeError(f"pattern must be a str, got {type(pattern).__name__} {pattern!r:.40}")
-        return self._compile_dag(dag_of_pattern(pattern), pattern, eos=eos)[0]
+        return self._compile_dag(dag_of_pattern(pattern), pattern, eos=eos, max_bytes=_budget(max_bytes))[0]
 
     def compile_format(self, name: str, *, eos: bool = True) -> DagAutomaton:
         """Compile one of the built-in finite formats: ``date`` (``YYYY-MM-DD``),
@@ -499,10 +506,12 @@ class Compiler:
         eos: bool,
         pseudo: TokenIndex | None = None,
         started: float | None = None,
+        max_bytes: int | None = None,
     ) -> tuple[DagAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]] | None]:
         """Match the vocabulary against an acyclic byte automaton: the trie compile
         with several parents per node (see ``_match_dag``). ``started``: when the
-        caller's part of the compile began (for ``compile_seconds``)."""
+        caller's part of the compile began (for ``compile_seconds``); ``max_bytes``: see
+        :meth:`compile_regex`."""
         started = time.perf_counter() if started is None else started
         if eos and not self._vocab.eos_token_ids:
             raise ValueSetError(
@@ -511,9 +520,10 @@ class Compiler:
             )
         n, accepting = dag.num_nodes, dag.accepting
         keys = _EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
-        found = _match_dag_by_class(dag, self._index, keys)
+        budget = _EdgeBudget(max_bytes, n, pattern)
+        found = _match_dag_by_class(dag, self._index, keys, budget)
         if found is None:
-            found = _match_dag(dag, self._index, keys)
+            found = _match_dag(dag, self._index, keys, budget)
         if eos:
             found.append(_eos_edges(accepting, n, keys, self._vocab.eos_token_ids))
         tokens, dests, offsets = keys.csr(found, n)
@@ -583,6 +593,62 @@ def compile_pattern_with_pseudo_tokens(
     automaton, edges = compiler._compile_dag(dag_of_pattern(pattern), pattern, eos=False, pseudo=pseudo)
     assert edges is not None
     return automaton, edges
+
+
+def _budget(max_bytes: int | None) -> int | None:
+    if max_bytes is None:
+        return None
+    max_bytes = integer(max_bytes, "max_bytes", ValueSetError, "a positive integer")
+    if max_bytes <= 0:
+        raise ValueSetError(f"max_bytes must be a positive integer, got {max_bytes}")
+    return max_bytes
+
+
+class _EdgeBudget:
+    """The edges an acyclic automaton's compile may make within ``max_bytes`` (8 bytes each
+    in the automaton, 8 more while they are sorted), spent as the matching finds them and
+    checked against what the next step will hold, so a hostile pattern is refused after
+    work proportional to the budget, before the large allocations."""
+
+    BYTES_PER_EDGE = 16
+    WORK_PER_EDGE = 2  # frontier entries the matching may visit per edge of the budget
+
+    def __init__(self, max_bytes: int | None, num_nodes: int, pattern: str | None) -> None:
+        self.max_bytes = max_bytes
+        fixed = 16 * (num_nodes + 1)  # the offsets and levels
+        self.max_edges = -1 if max_bytes is None else (max_bytes - fixed) // self.BYTES_PER_EDGE
+        self.spent = self.work = 0
+        self.what = f"the automaton of {pattern!r:.60}" if pattern is not None else "the automaton"
+
+    def spend(self, edges: int, frontier: int) -> None:
+        """``edges`` found; the next step visits ``frontier`` entries (the work, bounded too:
+        most of a wide pattern's paths end in no token, and cost all the same)."""
+        self.spent += edges
+        self.work += frontier
+        if self.max_bytes is None:
+            return
+        if max(self.spent, frontier) > self.max_edges:
+            self._refuse(max(self.spent, frontier))
+        if self.work > self.WORK_PER_EDGE * self.max_edges:
+            raise MemoryLimitError(
+                f"matching {self.what} against this vocabulary visits more than {self.work:,} paths, more "
+                f"than max_bytes={self.max_bytes:,} allows ({self.WORK_PER_EDGE} per edge it could hold)",
+                limit=self.max_bytes,
+                needed=self.work // self.WORK_PER_EDGE * self.BYTES_PER_EDGE,
+            )
+
+    def check_total(self, edges: int) -> None:
+        if self.max_bytes is not None and edges > self.max_edges:
+            self._refuse(edges)
+
+    def _refuse(self, edges: int) -> None:
+        assert self.max_bytes is not None
+        raise MemoryLimitError(
+            f"{self.what} needs at least {edges * self.BYTES_PER_EDGE:,} bytes for its edges with this "
+            f"vocabulary, more than max_bytes={self.max_bytes:,}",
+            limit=self.max_bytes,
+            needed=edges * self.BYTES_PER_EDGE,
+        )
 
 
 def _over_budget(limit: int, needed: int, what: str) -> MemoryLimitError:
@@ -735,7 +801,9 @@ def _match(trie: ByteTrie, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArr
     return found
 
 
-def _match_dag(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArray[np.uint64]]:
+def _match_dag(
+    dag: ByteDag, index: TokenIndex, keys: _EdgeKeys, budget: _EdgeBudget | None = None
+) -> list[npt.NDArray[np.uint64]]:
     """``_match`` over an acyclic automaton: a node may have several incoming edges,
     so each step up the automaton fans a frontier entry out over the edges into its
     start. Determinism keeps the triples (start, end, token suffix) distinct: from a
@@ -757,6 +825,8 @@ def _match_dag(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDA
         starts, ends, suffix = starts[grow], ends[grow], suffix[grow]
         counts = in_degree[starts]
         total = int(counts.sum())
+        if budget is not None:
+            budget.spend(len(found[-1]), total)
         entry = np.repeat(np.arange(len(starts)), counts)
         edge = np.arange(total) + np.repeat(in_offsets[starts] - (np.cumsum(counts) - counts), counts)
         suffix = index.step(suffix[entry], dag.byte[edge], level)
@@ -792,7 +862,9 @@ def _byte_classes(dag: ByteDag) -> tuple[npt.NDArray[np.int64], int] | None:
     return classes, len(first)
 
 
-def _match_dag_by_class(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArray[np.uint64]] | None:
+def _match_dag_by_class(
+    dag: ByteDag, index: TokenIndex, keys: _EdgeKeys, budget: _EdgeBudget | None = None
+) -> list[npt.NDArray[np.uint64]] | None:
     """``_match_dag`` over byte *classes*, for automata whose edges carry many
     interchangeable bytes (``[0-9A-Fa-f]``): tokens whose bytes have the same classes
     are allowed in the same places, so the matching runs once per class string.
@@ -893,6 +965,8 @@ def _match_dag_by_class(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> lis
         grow = has_children[suffix] & (in_degree[starts] > 0)
         starts, ends, suffix = starts[grow], ends[grow], suffix[grow]
         counts = in_degree[starts]
+        if budget is not None:  # each class string is one token at least: a lower bound of the edges
+            budget.spend(len(hits_a[-1]), int(counts.sum()))
         entry = np.repeat(np.arange(len(starts)), counts)
         edge = np.arange(int(counts.sum())) + np.repeat(in_offsets[starts] - (np.cumsum(counts) - counts), counts)
         suffix = step[suffix[entry] * k + dag_class[edge]]
@@ -900,6 +974,8 @@ def _match_dag_by_class(dag: ByteDag, index: TokenIndex, keys: _EdgeKeys) -> lis
     # 3. one edge per token of each matched class string
     a, cs, m = np.concatenate(hits_a), np.concatenate(hits_c), np.concatenate(hits_m)
     sizes = group_offsets[cs + 1] - group_offsets[cs]
+    if budget is not None:
+        budget.check_total(int(sizes.sum()))
     at = np.arange(int(sizes.sum())) + np.repeat(group_offsets[cs] - (np.cumsum(sizes) - sizes), sizes)
     return [keys.pack(np.repeat(a, sizes), group_t[at], np.repeat(m, sizes).astype(np.uint64))]
 

@@ -23,6 +23,8 @@ leads to a deeper level.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
@@ -34,7 +36,7 @@ import numpy.typing as npt
 from ._errors import PatternError, UnboundedPatternError
 from ._trie import ByteTrie
 
-__all__ = ["FORMATS", "ByteDag", "dag_of_pattern", "dag_of_trie", "mix64", "unanchored"]
+__all__ = ["FORMATS", "ByteDag", "clear_pattern_cache", "dag_of_pattern", "dag_of_trie", "mix64", "unanchored"]
 
 
 # Built-in formats: JSON Schema's ``format`` names whose language is finite, spelled
@@ -66,7 +68,7 @@ _MAX_NFA_STATES = 50_000  # bounded work and memory for hostile patterns
 _MAX_DFA_STATES = 50_000
 # Subset construction can cost far more than its state count (large subsets of NFA states):
 # a budget on the NFA states and moves it visits keeps a hostile pattern to about a second.
-_MAX_WORK = 2_000_000
+_MAX_WORK = 500_000  # about 0.15 s on this machine; every built-in format takes under 100,000
 _MAX_CODE_POINT = 0x10FFFF
 _ANY = [(0, 0xD7FF), (0xE000, _MAX_CODE_POINT)]  # every character UTF-8 can spell
 _DIGIT = [(0x30, 0x39)]
@@ -643,10 +645,20 @@ def unanchored(pattern: str) -> str:
     return pattern
 
 
-@lru_cache(maxsize=256)
+_REFUSED_PATTERNS: OrderedDict[str, PatternError] = OrderedDict()  # refusals cost as much as builds
+_REFUSED_LOCK = threading.Lock()
+
+
+def clear_pattern_cache() -> None:
+    """Forget the automata and refusals of patterns built so far (for measurements)."""
+    _dag_of_pattern.cache_clear()
+    with _REFUSED_LOCK:
+        _REFUSED_PATTERNS.clear()
+
+
 def dag_of_pattern(pattern: str) -> ByteDag:
-    """The minimal acyclic byte automaton of ``pattern`` (cached: it does not depend
-    on the vocabulary).
+    """The minimal acyclic byte automaton of ``pattern`` (cached, refusals included: it does
+    not depend on the vocabulary).
 
     Raises
     ------
@@ -656,6 +668,22 @@ def dag_of_pattern(pattern: str) -> ByteDag:
         The pattern is malformed, uses an unsupported construct, matches nothing,
         or expands beyond the size limits; ``.position`` says where.
     """
+    with _REFUSED_LOCK:
+        refused = _REFUSED_PATTERNS.get(pattern)
+    if refused is not None:
+        raise refused.with_traceback(None)
+    try:
+        return _dag_of_pattern(pattern)
+    except PatternError as error:
+        with _REFUSED_LOCK:
+            _REFUSED_PATTERNS[pattern] = error
+            while len(_REFUSED_PATTERNS) > 1024:
+                _REFUSED_PATTERNS.popitem(last=False)
+        raise
+
+
+@lru_cache(maxsize=256)
+def _dag_of_pattern(pattern: str) -> ByteDag:
     parser = _Parser(pattern)
     tree = parser.parse()
     nfa = _Nfa(parser)

@@ -53,6 +53,8 @@ DEFAULT_CACHE_BYTES = 1 << 30
 MAX_VALUES_ENV = "TRIEMASK_MAX_VALUES"
 MAX_VALUE_BYTES_ENV = "TRIEMASK_MAX_VALUE_BYTES"
 MAX_SET_BYTES_ENV = "TRIEMASK_MAX_SET_BYTES"
+MAX_PATTERN_BYTES_ENV = "TRIEMASK_MAX_PATTERN_BYTES"
+MAX_AUTOMATON_BYTES_ENV = "TRIEMASK_MAX_AUTOMATON_BYTES"
 
 
 class RequestError(ValueError):
@@ -61,15 +63,19 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may ask for in ``triemask_values`` (registered sets are the
-    operator's and are not limited). The defaults bound the compile a request can cause
-    to well under a second on a 2-core machine (docs/serving.md, "Limits"); an operator
-    sets them with ``$TRIEMASK_MAX_VALUES``, ``$TRIEMASK_MAX_VALUE_BYTES`` and
-    ``$TRIEMASK_MAX_SET_BYTES`` (UTF-8 bytes)."""
+    """What one request may ask for (registered sets are the operator's and are not
+    limited). The defaults bound the compile a request can cause to about a second on a
+    2-core machine (docs/serving.md, "Limits"); an operator sets them with
+    ``$TRIEMASK_MAX_VALUES``, ``$TRIEMASK_MAX_VALUE_BYTES``, ``$TRIEMASK_MAX_SET_BYTES`` (UTF-8
+    bytes of a set, a schema or a tool list), ``$TRIEMASK_MAX_PATTERN_BYTES`` (a regex, checked
+    before it is parsed) and ``$TRIEMASK_MAX_AUTOMATON_BYTES`` (the automaton a regex compiles
+    to for the model's vocabulary: ``.{0,1000}`` is 9 bytes and would take gigabytes)."""
 
     max_values: int = 100_000
     max_value_bytes: int = 1024
     max_set_bytes: int = 1 << 20
+    max_pattern_bytes: int = 4096
+    max_automaton_bytes: int = 64 << 20
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -81,6 +87,8 @@ class Limits:
             ("max_values", MAX_VALUES_ENV),
             ("max_value_bytes", MAX_VALUE_BYTES_ENV),
             ("max_set_bytes", MAX_SET_BYTES_ENV),
+            ("max_pattern_bytes", MAX_PATTERN_BYTES_ENV),
+            ("max_automaton_bytes", MAX_AUTOMATON_BYTES_ENV),
         ):
             raw = environ.get(name)
             if raw is None:
@@ -294,7 +302,7 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
                 given = json.loads(given)
             for index, (_, parameters) in enumerate(read_tools(given)):
                 try:
-                    dispatch(parameters, 1)
+                    dispatch(load_schema(parameters), 1)  # (load_schema bounds its depth)
                 except TriemaskError as error:  # noqa: PERF203 - the error path
                     path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
                     raise RequestError(f"{kind!r} at {path}: {error}") from None
@@ -327,10 +335,12 @@ class PatternRequest:
 def requested_pattern(extra_args: Mapping[str, Any] | None, limits: Limits | None = None) -> PatternRequest | None:
     """The finite regex or format a request asks for, or None.
 
-    The pattern's automaton does not depend on the vocabulary, so everything is checked
-    here: the type, the size (within ``$TRIEMASK_MAX_SET_BYTES``), the format's name, and
-    that the pattern parses, is finite and stays within the automaton limits. Raises
-    :class:`RequestError` naming the field and the offending position (HTTP 400).
+    The pattern's byte automaton does not depend on the vocabulary, so it is checked here:
+    the type, the size (within ``$TRIEMASK_MAX_PATTERN_BYTES``, before any parsing), the
+    format's name, and that the pattern parses, is finite and stays within the automaton
+    limits (about 0.15 s of work at most). What the vocabulary adds is bounded when the
+    engine compiles it (``$TRIEMASK_MAX_AUTOMATON_BYTES``). Raises :class:`RequestError`
+    naming the field and the offending position (HTTP 400).
     """
     if not extra_args or not isinstance(extra_args, Mapping):
         return None
@@ -349,9 +359,10 @@ def requested_pattern(extra_args: Mapping[str, Any] | None, limits: Limits | Non
             raise RequestError(f"{kind!r}: unknown format {given!r:.60}; the built-in formats are {', '.join(FORMATS)}")
         return PatternRequest(kind, FORMATS[given])
     size = len(given.encode("utf-8", "surrogatepass"))
-    if size > limits.max_set_bytes:
+    if size > limits.max_pattern_bytes:
         raise RequestError(
-            f"{kind!r} has {size} bytes, more than the server's limit of {limits.max_set_bytes} (${MAX_SET_BYTES_ENV})"
+            f"{kind!r} has {size} bytes, more than the server's limit of {limits.max_pattern_bytes} "
+            f"(${MAX_PATTERN_BYTES_ENV})"
         )
     try:
         dag_of_pattern(given)
@@ -477,12 +488,18 @@ class CompiledSets:
         Bound on the bytes held (host + device); default ``$TRIEMASK_CACHE_BYTES`` or 1 GiB.
         A set in use by a request stays alive through that request even when evicted.
         Pinned sets (:meth:`pin`, the registered ones) are held outside the bound.
+    limits : Limits, optional
+        The request limits (default ``Limits.from_env()``): a regex's automaton is compiled
+        within ``max_automaton_bytes``.
     """
 
     _MAX_FAILURES = 1024  # failed sets remembered (their keys and messages only)
 
-    def __init__(self, compiler: Compiler, device: Any, max_bytes: int | None = None) -> None:
+    def __init__(
+        self, compiler: Compiler, device: Any, max_bytes: int | None = None, limits: Limits | None = None
+    ) -> None:
         self.compiler = compiler
+        self.limits = Limits.from_env() if limits is None else limits
         self.device = device
         self.cache = CompileCache(max_bytes)
         self._pinned: dict[Any, CompiledSet] = {}
@@ -518,8 +535,8 @@ class CompiledSets:
         from .torch import DeviceAutomaton
 
         automaton: TrieAutomaton
-        if isinstance(values, PatternRequest):
-            automaton = self.compiler.compile_regex(values.pattern)
+        if isinstance(values, PatternRequest):  # bounded: a short pattern can ask for gigabytes
+            automaton = self.compiler.compile_regex(values.pattern, max_bytes=self.limits.max_automaton_bytes)
         else:
             automaton = self.compiler.compile(values)
         on_device = DeviceAutomaton(automaton, self.device)
