@@ -156,6 +156,23 @@ def test_limits_come_from_the_environment_and_are_checked() -> None:
         requested_values({"triemask_values": ["x" * 40] * 600_000}, Limits())
 
 
+def test_set_files_are_regular_files(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A FIFO (which would block admission) or a link to /dev/zero (which never ends) named
+    ``*.txt`` is refused, naming the file, before a byte is read."""
+    import os
+
+    (tmp_path / "good.txt").write_text("yes\nno\n", encoding="utf-8")
+    os.mkfifo(tmp_path / "fifo.txt")
+    with pytest.raises(ValueError, match=r"fifo.txt is not a regular file"):
+        load_sets(tmp_path)
+    (tmp_path / "fifo.txt").unlink()
+    (tmp_path / "zero.txt").symlink_to("/dev/zero")
+    with pytest.raises(ValueError, match=r"zero.txt is not a regular file"):
+        load_sets(tmp_path)
+    (tmp_path / "zero.txt").unlink()
+    assert load_sets(tmp_path) == {"good": ["yes", "no"]}
+
+
 def test_set_files_must_exist_and_hold_values(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(ValueError, match="no such file or folder"):
         load_sets(tmp_path / "missing")

@@ -12,6 +12,7 @@ accept_token, is_terminated) and the plugin registry (``register_grammar_backend
 from __future__ import annotations
 
 import abc
+import dataclasses
 import importlib
 import json
 import re
@@ -237,6 +238,10 @@ def test_grammar_backend_compiles_alternations_and_hands_on_the_rest(sglang) -> 
     assert backend.dispatch_regex("[a-z]+") == ("xgrammar", "dispatch_regex", "[a-z]+")
     assert backend.dispatch_json('{"type": "string"}')[1] == "dispatch_json"
     assert fallback.calls == [("dispatch_regex", "[a-z]+"), ("dispatch_json", '{"type": "string"}')]
+    # finite but wide: its automaton would pass the server's budget, so xgrammar's regex takes it
+    backend.limits = dataclasses.replace(backend.limits, max_automaton_bytes=1 << 14)
+    assert backend.dispatch_regex(".{0,300}") == ("xgrammar", "dispatch_regex", ".{0,300}")
+    fallback.calls.clear()
     # what cannot be compiled is SGLang's invalid grammar (SGLang aborts that request), never an exception
     assert backend.dispatch_regex("\\ud800|yes") is sglang.adapter._INVALID_GRAMMAR is _INVALID_GRAMMAR
     assert backend.dispatch_regex("|".join(f"v{i}" for i in range(100_001))) is _INVALID_GRAMMAR  # over the limit

@@ -35,7 +35,7 @@ import numpy as np
 from ._errors import ArgumentTypeError, PatternError, SchemaError
 from ._regex import FORMATS, dag_of_pattern
 
-TOO_DEEP = "the schema is nested too deeply (beyond Python's recursion limit)"
+TOO_DEEP = "the schema is nested too deeply"  # how every refusal of a deep schema begins
 MAX_SCHEMA_DEPTH = 128
 """How deeply a schema's JSON may nest (about 60 nested objects): the structural engine's
 compile grows faster than the depth (xgrammar: 0.04 s at 128 levels, 0.24 s at 243), and
@@ -130,14 +130,14 @@ def load_schema(schema: Any) -> dict[str, Any]:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SchemaError(f"the schema is not valid JSON: {exc}", path="$") from None
         except RecursionError:
-            raise SchemaError(TOO_DEEP, path="$") from None
+            raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
     elif isinstance(schema, Mapping):
         try:  # a deep copy that also checks that the schema is JSON
             loaded = json.loads(json.dumps(schema, allow_nan=False))
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"the schema is not JSON-serialisable: {exc}", path="$") from None
         except RecursionError:
-            raise SchemaError(TOO_DEEP, path="$") from None
+            raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
     else:
         raise ArgumentTypeError(
             f"schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
@@ -147,8 +147,8 @@ def load_schema(schema: Any) -> dict[str, Any]:
     depth = _depth(loaded)
     if depth > MAX_SCHEMA_DEPTH:
         raise SchemaError(
-            f"the schema nests {depth} levels deep, more than {MAX_SCHEMA_DEPTH}: define repeated parts "
-            "once in $defs and refer to them",
+            f"{TOO_DEEP}: {depth} levels, more than {MAX_SCHEMA_DEPTH}; define repeated parts once in $defs "
+            "and refer to them",
             path="$",
         )
     return loaded
@@ -370,7 +370,7 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
     try:
         return visit(schema, "$"), sites
     except RecursionError:
-        raise SchemaError(TOO_DEEP, path="$") from None
+        raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
 
 
 def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:

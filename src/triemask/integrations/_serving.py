@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -102,10 +103,24 @@ class Limits:
         return cls(**values)
 
 
+MAX_SET_FILE_BYTES = 1 << 30  # a registered set's file: larger ones (or a link to /dev/zero) are refused
+
+
 def _read_set_file(file: Path) -> list[str]:
     """One value per line: strict UTF-8 (a leading byte-order mark dropped), lines
-    split at ``\n`` or ``\r\n`` only (a value may hold any other character)."""
-    raw = file.read_bytes()
+    split at ``\n`` or ``\r\n`` only (a value may hold any other character). Only a
+    regular file of at most :data:`MAX_SET_FILE_BYTES` is read (a FIFO would block the
+    reader, a device would never end), opened without blocking."""
+    handle = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(handle, "rb") as opened:
+        status = os.fstat(opened.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise ValueError(f"{SETS_ENV}: {file} is not a regular file (a FIFO, a device or a folder)")
+        if status.st_size > MAX_SET_FILE_BYTES:
+            raise ValueError(f"{SETS_ENV}: {file} has {status.st_size} bytes, more than {MAX_SET_FILE_BYTES}")
+        raw = opened.read(MAX_SET_FILE_BYTES + 1)
+    if len(raw) > MAX_SET_FILE_BYTES:
+        raise ValueError(f"{SETS_ENV}: {file} grew past {MAX_SET_FILE_BYTES} bytes while it was read")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -173,25 +188,42 @@ def registered_sets() -> dict[str, list[str]]:
             except ValueError as error:
                 _REGISTERED = error
             _REGISTERED_STATE["checked"] = time.monotonic()
-        elif (
+        due = (
             path
             and not isinstance(_REGISTERED, Exception)
             and (time.monotonic() - float(_REGISTERED_STATE["checked"] or 0.0) >= RELOAD_SECONDS)
-        ):
+        )
+        if due:  # one caller looks (the others serve the current sets meanwhile)
             _REGISTERED_STATE["checked"] = time.monotonic()
-            signature = _signature(path)
-            if signature is not None and signature != _REGISTERED_STATE["signature"]:
-                try:
-                    _REGISTERED = load_sets(path)
-                    _REGISTERED_STATE["signature"] = signature
-                    _REGISTERED_STATE["generation"] = int(_REGISTERED_STATE["generation"] or 0) + 1
-                    logger.info("triemask: registered sets reloaded (%s)", ", ".join(sorted(_REGISTERED)))
-                except ValueError as error:  # keep serving the previous sets
-                    _REGISTERED_STATE["signature"] = signature
-                    logger.warning("triemask: registered sets not reloaded, the previous ones stay: %s", error)
-        if isinstance(_REGISTERED, Exception):
-            raise _REGISTERED
-        return _REGISTERED
+        current = _REGISTERED
+    if due:
+        _reload(str(path))  # reading files happens outside the lock: admission never waits on a disk
+        with _REGISTERED_LOCK:
+            current = _REGISTERED
+    if isinstance(current, Exception):
+        raise current
+    return current
+
+
+def _reload(path: str) -> None:
+    """Read the registered sets again if their files changed (outside the registry lock)."""
+    global _REGISTERED
+    signature = _signature(path)
+    with _REGISTERED_LOCK:
+        if signature is None or signature == _REGISTERED_STATE["signature"]:
+            return
+    try:
+        loaded = load_sets(path)
+    except ValueError as error:  # keep serving the previous sets
+        with _REGISTERED_LOCK:
+            _REGISTERED_STATE["signature"] = signature
+        logger.warning("triemask: registered sets not reloaded, the previous ones stay: %s", error)
+        return
+    with _REGISTERED_LOCK:
+        _REGISTERED = loaded
+        _REGISTERED_STATE["signature"] = signature
+        _REGISTERED_STATE["generation"] = int(_REGISTERED_STATE["generation"] or 0) + 1
+    logger.info("triemask: registered sets reloaded (%s)", ", ".join(sorted(loaded)))
 
 
 def registered_generation() -> int:
@@ -311,7 +343,7 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
     except RequestError:
         raise
     except RecursionError:
-        raise RequestError(f"{kind!r}: {TOO_DEEP}") from None
+        raise RequestError(f"{kind!r}: {TOO_DEEP} (beyond Python's recursion limit)") from None
     except (TriemaskError, ValueError, TypeError) as error:
         where = getattr(error, "path", None)
         raise RequestError(f"{kind!r}{'' if where is None else ' at ' + where}: {error}") from None

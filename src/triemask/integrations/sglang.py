@@ -40,6 +40,7 @@ from typing import Any
 
 from .._automaton import TrieAutomaton
 from .._compile import Compiler
+from .._errors import MemoryLimitError
 from .._matcher import Matcher
 from .._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher
 from .._regex import dag_of_pattern
@@ -248,14 +249,16 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
         if (
             values is None
             and kind == "regex"
-            and len(text.encode("utf-8", "surrogatepass")) <= self.limits.max_set_bytes
+            and len(text.encode("utf-8", "surrogatepass")) <= self.limits.max_pattern_bytes
         ):
             try:
                 dag_of_pattern(text)  # finite and within this engine's syntax?
             except Exception:  # infinite, or a construct only xgrammar reads: xgrammar decides
                 return self._other().dispatch_regex(text)
             try:
-                return TriemaskGrammar(self.compiler.compile_regex(text))
+                return TriemaskGrammar(self.compiler.compile_regex(text, max_bytes=self.limits.max_automaton_bytes))
+            except MemoryLimitError:  # finite but wide (.{0,1000}): xgrammar's regex costs less
+                return self._other().dispatch_regex(text)
             except Exception as error:
                 logger.error("triemask: invalid regex grammar: %s", error)
                 return _INVALID_GRAMMAR
@@ -282,7 +285,7 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
         try:
             schema = load_schema(key_string)
         except Exception as error:  # not a schema triemask reads ("$$ANY$$", bad JSON): xgrammar decides
-            if str(error) == TOO_DEEP:  # ... unless it would only exhaust a stack there too
+            if str(error).startswith(TOO_DEEP):  # ... unless it is too deep for a bounded compile there too
                 logger.error("triemask: invalid json_schema: %s", error)
                 return _INVALID_GRAMMAR
             return self._other().dispatch_json(key_string)
