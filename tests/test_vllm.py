@@ -408,6 +408,72 @@ def test_chaos_server_stays_up_and_every_request_gets_its_answer(tmp_path: Path)
         server.stop()
 
 
+def test_hostile_patterns_and_schemas_neither_stall_nor_break_the_server(
+    tiny_model: Path, sets_folder: Path, tmp_path: Path
+) -> None:
+    """Requests small on the wire that once stalled the engine or the frontend for seconds to
+    minutes (issue 24), sent while good constrained requests run: a 9-byte regex asking for
+    gigabytes, a 1 MiB regex, 100,000 alternatives, a schema of exploding patterns, 240 nested
+    objects. Each is answered (400, or ended at once) within 5 s; no good request is slowed by
+    more than 3 s over its quiet latency; the server stays up, its memory within 1 GiB."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    env = {**_engine_env(sets_folder), "TRIEMASK_MAX_AUTOMATON_BYTES": str(4 << 20)}  # the tiny vocabulary's scale
+    server = _Server(tiny_model, env, tmp_path / "server.log")
+    exploding = {
+        "type": "object",
+        "properties": {
+            f"f{i}": {"type": "string", "pattern": f"\\w{{0,30}}\\d\\w{{0,30}}\\d\\w{{0,3{i}}}"} for i in range(5)
+        },
+    }
+    nested: dict = {"type": "string"}  # type: ignore[type-arg]
+    for _ in range(240):
+        nested = {"type": "object", "properties": {"x": nested}, "required": ["x"]}
+    hostile: list[tuple[str, dict, int | None]] = [  # type: ignore[type-arg]
+        ("wide regex", {"triemask_regex": ".{0,1000}"}, 200),  # admitted; the engine's compile is refused, and
+        # the request ended alone (EOS from its first step), or compiled when it fits the budget
+        ("wide class", {"triemask_regex": "[\\s\\S]{0,1000}"}, 200),
+        ("negated class", {"triemask_regex": "[^a]{0,400}"}, 200),
+        ("1 MiB regex", {"triemask_regex": "a" * (1 << 20)}, 400),
+        ("alternatives", {"triemask_regex": "|".join(f"v{i}" for i in range(100_000))}, 400),
+        ("costly regex", {"triemask_regex": "\\w{0,30}\\d\\w{0,30}\\d\\w{0,30}"}, 400),
+        ("exploding patterns", {"triemask_json_schema": exploding}, None),  # admitted, left to xgrammar
+        ("deep schema", {"triemask_json_schema": nested}, 400),
+    ]
+
+    def good(seed: int) -> float:
+        started = time.monotonic()
+        status, body = server.complete({"triemask_values": VALUES}, seed=seed, max_tokens=24)
+        assert status == 200 and body["choices"][0]["text"] in VALUES, body
+        return time.monotonic() - started
+
+    def bad(case: tuple[str, dict, int | None]) -> tuple[str, float]:  # type: ignore[type-arg]
+        name, xargs, expected = case
+        started = time.monotonic()
+        status, body = server.complete(xargs, max_tokens=16)
+        assert expected is None or status == expected, (name, status, str(body)[:300])
+        return name, time.monotonic() - started
+
+    try:
+        good(0)  # warm
+        quiet = sorted(good(seed) for seed in range(1, 6))[2]
+        before = server.memory_kib()
+        with ThreadPoolExecutor(12) as pool:
+            goods = [pool.submit(good, seed) for seed in range(10, 40)]
+            bads = [pool.submit(bad, case) for case in hostile * 2]
+            answered = [future.result() for future in bads]
+            slowest = max(future.result() for future in goods)
+        print(f"quiet {quiet:.2f} s, slowest good under the storm {slowest:.2f} s, hostile answered in", answered)
+        assert all(seconds < 5 for _, seconds in answered), answered
+        assert slowest < quiet + 3, (quiet, slowest)
+        assert server.healthy() and good(99) < quiet + 3
+        assert server.memory_kib() - before < 1 << 20, (before, server.memory_kib())
+        log = (tmp_path / "server.log").read_text()
+        assert "MemoryLimitError" in log and "Traceback" not in log, log[-3000:]
+    finally:
+        server.stop()
+
+
 def test_model_runner_v2_class_against_its_interface(tiny_model: Path) -> None:
     """Model Runner V2 needs Triton (not on this CPU): the class runs against faithful fakes."""
     import torch

@@ -321,7 +321,21 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
 
     given = extra_args[kind]
     limits = Limits.from_env() if limits is None else limits
+
+    def priced(text: str) -> str:  # the size, before any work that grows with it
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > limits.max_set_bytes:
+            raise RequestError(
+                f"{kind!r} has {size} bytes of JSON, more than the server's limit of {limits.max_set_bytes} "
+                f"(${MAX_SET_BYTES_ENV})"
+            )
+        return text
+
     try:
+        if isinstance(given, str):
+            priced(given)
+        else:  # the engine's request holds it parsed: its text, bounded by the same limit
+            priced(json.dumps(given, sort_keys=True, ensure_ascii=False))
         if kind == SCHEMA_ARG:
             if not isinstance(given, str | Mapping):
                 raise RequestError(
@@ -339,7 +353,7 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
                     path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
                     raise RequestError(f"{kind!r} at {path}: {error}") from None
             loaded = given
-        text = json.dumps(loaded, sort_keys=True, ensure_ascii=False)
+        text = priced(json.dumps(loaded, sort_keys=True, ensure_ascii=False))
     except RequestError:
         raise
     except RecursionError:
@@ -347,12 +361,6 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
     except (TriemaskError, ValueError, TypeError) as error:
         where = getattr(error, "path", None)
         raise RequestError(f"{kind!r}{'' if where is None else ' at ' + where}: {error}") from None
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > limits.max_set_bytes:
-        raise RequestError(
-            f"{kind!r} has {size} bytes of JSON, more than the server's limit of {limits.max_set_bytes} "
-            f"(${MAX_SET_BYTES_ENV})"
-        )
     return SchemaRequest(kind, text)
 
 
