@@ -16,8 +16,12 @@ language for them is infinite (any number of fraction digits), and so does any
 string with other constraints (``minLength``...) or an infinite pattern.
 
 Sites are found wherever they are: object properties, array items, ``$defs``,
-``anyOf`` branches, and so on. Paths name them in JSONPath style
-(``$.properties.name.enum[3]``), and every error names the path it is about.
+``anyOf`` branches, and so on, except where a schema describes property names
+(``propertyNames`` and what it references): a site's sentinel stands for a value, never a
+key. Paths name them in JSONPath style (``$.properties.name.enum[3]``), and every error
+names the path it is about. What one schema may cost is bounded before any engine sees it:
+its depth (:data:`MAX_SCHEMA_DEPTH`) and the ``pattern`` automata it builds
+(:data:`MAX_DISPATCHED_PATTERNS`).
 """
 
 from __future__ import annotations
