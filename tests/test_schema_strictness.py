@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from conftest import byte_vocabulary, real_compiler, real_vocabulary
 from oracle import strict_json_prefix
-from test_schemas import compare_walks, reference_compiler, tools_as_any_of
+from test_schemas import compare_walks, glued_tokens, reference_compiler, tools_as_any_of
 from triemask import (
     ArgumentTypeError,
     AutomatonFileError,
@@ -226,16 +226,7 @@ _VALUE_TEXT = 'xy"\\é\t\x01 ,}'
         lambda kinds: any(k in TRIE for k in kinds)
     ),
     shape=st.sampled_from(["object", "nested", "array"]),
-    merges=st.lists(
-        st.builds(
-            lambda a, b, c: a + b + c,
-            st.sampled_from([b"", *_GLUE]),
-            st.text(alphabet=_VALUE_TEXT, max_size=3).map(str.encode),
-            st.sampled_from([b"", *_GLUE]),
-        ).filter(lambda t: len(t) > 1),
-        max_size=30,
-        unique=True,
-    ),
+    merges=glued_tokens(_GLUE, _VALUE_TEXT, 30),
     any_whitespace=st.booleans(),
     seed=st.integers(0, 1000),
 )
@@ -369,22 +360,16 @@ def test_qwen_issue_regression() -> None:
 @pytest.mark.parametrize("name", sorted(REAL_SCHEMAS))
 def test_qwen_real_schemas(name: str) -> None:
     compiler, vocab = real_compiler("qwen2"), real_vocabulary("qwen2").vocab
-    schema = REAL_SCHEMAS[name]
-    compiled = compiler.compile_json_schema(schema, any_whitespace=False, min_enum_values=2)
-    reference = reference_compiler(vocab).compile_json_schema(json.dumps(schema), any_whitespace=False)
-    compare_walks(compiled, reference, vocab, walks=2, steps=30, seed=len(name))
+    check(compiler, vocab, REAL_SCHEMAS[name], walks=2, steps=30, seed=len(name), any_whitespace=False)
 
 
 @pytest.mark.peers
 @pytest.mark.parametrize("vocab_name", ["qwen2", "o200k_base", "mistral-spm-32k"])
 @pytest.mark.parametrize("name", sorted(REAL_SCHEMAS))
-def test_real_vocabularies(vocab_name: str, name: str) -> None:
+@pytest.mark.parametrize("any_whitespace", [False, True])
+def test_real_vocabularies(vocab_name: str, name: str, any_whitespace: bool) -> None:
     compiler, vocab = real_compiler(vocab_name), real_vocabulary(vocab_name).vocab
-    schema = REAL_SCHEMAS[name]
-    for any_whitespace in (False, True):
-        compiled = compiler.compile_json_schema(schema, any_whitespace=any_whitespace, min_enum_values=2)
-        reference = reference_compiler(vocab).compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
-        compare_walks(compiled, reference, vocab, walks=6, steps=60, seed=len(name))
+    check(compiler, vocab, REAL_SCHEMAS[name], walks=6, steps=60, seed=len(name), any_whitespace=any_whitespace)
 
 
 def test_sentinel_lead_byte_is_refused_by_xgrammars_free_text(monkeypatch: pytest.MonkeyPatch) -> None:

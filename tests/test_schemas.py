@@ -672,6 +672,20 @@ _FRAGMENTS = [b'"', b'",', b'", "', b'": "', b'":', b'"}', b'"]', b"{", b"}", b"
 _ALPHABET = 'ab"\\é ,}:'
 
 
+def glued_tokens(glue: list[bytes], alphabet: str, max_size: int) -> st.SearchStrategy[list[bytes]]:
+    """Distinct multi-byte tokens: a fragment of JSON (or nothing), value text, a fragment."""
+    return st.lists(
+        st.builds(
+            lambda a, b, c: a + b + c,
+            st.sampled_from([b"", *glue]),
+            st.text(alphabet=alphabet, max_size=3).map(str.encode),
+            st.sampled_from([b"", *glue]),
+        ).filter(lambda t: len(t) > 1),
+        max_size=max_size,
+        unique=True,
+    )
+
+
 @settings(
     max_examples=int(os.environ.get("TRIEMASK_SCHEMA_EXAMPLES", "20")),
     deadline=None,
@@ -680,16 +694,7 @@ _ALPHABET = 'ab"\\é ,}:'
 @given(
     values=st.lists(st.text(alphabet=_ALPHABET, max_size=4), min_size=2, max_size=8, unique=True),
     numbers=st.lists(st.integers(-20, 20), max_size=3, unique=True),
-    merges=st.lists(
-        st.builds(
-            lambda a, b, c: a + b + c,
-            st.sampled_from([b"", *_FRAGMENTS]),
-            st.text(alphabet=_ALPHABET, max_size=3).map(str.encode),
-            st.sampled_from([b"", *_FRAGMENTS]),
-        ).filter(lambda t: len(t) > 1),
-        max_size=25,
-        unique=True,
-    ),
+    merges=glued_tokens(_FRAGMENTS, _ALPHABET, 25),
     shape=st.sampled_from(["property", "array", "two fields", "union"]),
     any_whitespace=st.booleans(),
     seed=st.integers(0, 1000),
