@@ -378,3 +378,35 @@ def test_token_index_tables_equal_reference(monkeypatch: pytest.MonkeyPatch) -> 
         children = np.arange(native.child_offsets[levels[level]], native.child_offsets[levels[level + 1]])
         parents = np.repeat(nodes, np.diff(native.child_offsets[levels[level] : levels[level + 1] + 1]))
         assert np.array_equal(native.step(parents, native.node_byte[children], level), children)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    values=st.lists(st.text(alphabet="abc_é", max_size=6), min_size=1, max_size=12, unique=True),
+    changes=st.lists(
+        st.tuples(st.sampled_from(["token", "dest"]), st.integers(0, 10**6), st.integers(-3, 400)), max_size=3
+    ),
+)
+def test_spelled_edges_equals_reference(values: list[str], changes: list[tuple[str, int, int]]) -> None:
+    """The C check that a file's edges spell its values' paths gives the NumPy reference's
+    answer (the first bad edge, or -1) on intact and on altered edges, whatever they hold."""
+    from triemask._trie import build_trie
+
+    native = _kernels.KERNELS
+    assert native is not None
+    vocab = byte_vocabulary([b"ab", b"_a", b"\xc3\xa9", b"c_"])
+    automaton = Compiler(vocab).compile(values)
+    _, _, arrays = automaton.file_parts()
+    tokens, dests = arrays["edge_tokens"].copy(), arrays["edge_dests"].copy()
+    for which, at, value in changes:
+        target = tokens if which == "token" else dests
+        if len(target):
+            target[at % len(target)] = value
+    trie = build_trie(arrays["value_flat"], arrays["value_starts"])
+    lengths, offsets, data = vocab.byte_table()
+    eos = np.asarray(vocab.eos_token_ids, dtype=np.int32)
+    parts = (trie.parent, trie.byte, arrays["edge_offsets"], tokens, dests, lengths, offsets, data, trie.terminal, eos)
+    expected = _automaton.first_misspelled_edge(*parts)
+    assert native.spelled_edges(*parts) == expected
+    if not changes:
+        assert expected == -1

@@ -274,6 +274,29 @@ def crafted_cases(automaton: TrieAutomaton) -> list[tuple[str, dict[str, object]
     return cases
 
 
+def test_another_sets_edges_under_these_values_are_refused(tmp_path: Path) -> None:
+    """A file whose value arrays are one set's and whose edges (valid, consistent, checksummed)
+    are another's of the same shape: refused by the default load, which walks every edge's token
+    against its values' trie; ``verify=False`` trusts the file (and loads it)."""
+    vocab = byte_vocabulary([b"get", b"_user", b"us", b"er"])
+    compiler = Compiler(vocab)
+    mine, other = compiler.compile(["ab", "ac"]), compiler.compile(["xb", "xc"])  # the same trie shape
+    _, _, theirs = other.file_parts()
+    path = tmp_path / "lying.tm"
+    _crafted(path, mine, {}, {name: theirs[name] for name in ("edge_offsets", "edge_tokens", "edge_dests")})
+    with pytest.raises(AutomatonFileError, match="does not spell the path") as raised:
+        TrieAutomaton.load(path, vocab=vocab)
+    assert raised.value.field == "edge_tokens"
+    assert TrieAutomaton.load(path, vocab=vocab, verify=False).num_values == 2
+    _, _, arrays = mine.file_parts()
+    dests = arrays["edge_dests"].copy()
+    final = int(np.flatnonzero(dests >= mine.num_nodes)[0])
+    dests[final] = mine.num_nodes + (1 - (int(dests[final]) - mine.num_nodes))  # EOS into the other value's state
+    _crafted(path, mine, {}, {"edge_dests": dests})
+    with pytest.raises(AutomatonFileError, match="does not spell the path"):
+        TrieAutomaton.load(path, vocab=vocab)
+
+
 @pytest.mark.parametrize("layout", ["trie", "dag", "regex", "lazy"])
 def test_files_with_valid_checksums_and_wrong_fields_are_refused(layout: str, tmp_path: Path) -> None:
     """Every field is checked against the vocabulary and the arrays before anything is built

@@ -277,6 +277,11 @@ class LazyTrieAutomaton(TrieAutomaton):
                     raise AutomatonFileError("a token trie that is not the vocabulary's", field=f"token_{name}")
 
     @classmethod
+    def _check_edges(cls, arrays: dict[str, Any], vocab: Any) -> None:
+        """(No edges are stored: they are found from the trie and the vocabulary's token trie,
+        both checked in :meth:`_check_stored`.)"""
+
+    @classmethod
     def _from_stored(cls, meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None) -> LazyTrieAutomaton:
         cls._check_stored(meta, arrays, vocab)
         token_trie = TokenTrie(**{name: arrays[f"token_{name}"] for name in cls._TOKEN_ARRAYS})

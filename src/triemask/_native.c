@@ -2069,6 +2069,104 @@ static PyObject *checksum(PyObject *module, PyObject *arg) {
     return PyLong_FromUnsignedLongLong(h);
 }
 
+/* spelled_edges(parent, byte, edge_offsets, edge_tokens, edge_dests, token_lengths, token_offsets,
+ *               data, terminal, eos)
+ * -> the index of the first edge whose token does not spell the path it takes (walking up from
+ * its destination, one byte a step, must end at its source; an edge to final state n + v must
+ * leave value v's node by an EOS token), or -1 when every one does (see
+ * _automaton._check_edges_spell_values). Every index is checked before it is read, whatever the
+ * arrays hold; the GIL is released. */
+static PyObject *spelled_edges(PyObject *module, PyObject *args) {
+    PyObject *objs[10];
+    if (!PyArg_ParseTuple(args, "OOOOOOOOOO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5], &objs[6],
+                          &objs[7], &objs[8], &objs[9])) {
+        return NULL;
+    }
+    static const Py_ssize_t sizes[10] = {4, 1, 4, 4, 4, 4, 8, 1, 4, 4};
+    static const char *names[10] = {"parent",      "byte",          "edge_offsets", "edge_tokens", "edge_dests",
+                                    "token_lengths", "token_offsets", "data",         "terminal",    "eos"};
+    Py_buffer views[10];
+    int held = 0;
+    PyObject *result = NULL;
+    for (; held < 10; held++) {
+        if (get_array(objs[held], &views[held], sizes[held], names[held]) < 0) {
+            goto done;
+        }
+    }
+    const int32_t *parent = (const int32_t *)views[0].buf, *eo = (const int32_t *)views[2].buf;
+    const uint8_t *byte = (const uint8_t *)views[1].buf, *data = (const uint8_t *)views[7].buf;
+    const int32_t *tokens = (const int32_t *)views[3].buf, *dests = (const int32_t *)views[4].buf;
+    const int32_t *lengths = (const int32_t *)views[5].buf;
+    const int64_t *offsets = (const int64_t *)views[6].buf;
+    const int32_t *terminal = (const int32_t *)views[8].buf, *eos = (const int32_t *)views[9].buf;
+    Py_ssize_t n = views[0].shape[0], edges = views[3].shape[0], n_tokens = views[5].shape[0];
+    Py_ssize_t n_data = views[7].shape[0], n_values = views[8].shape[0], n_eos = views[9].shape[0];
+    if (views[1].shape[0] != n || views[2].shape[0] != n + 2 || views[4].shape[0] != edges ||
+        views[6].shape[0] < n_tokens) {
+        PyErr_SetString(PyExc_ValueError, "spelled_edges: arrays of inconsistent lengths");
+        goto done;
+    }
+    Py_ssize_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 1; i < n && bad < 0; i++) { /* breadth-first: a parent comes first */
+        if (parent[i] < 0 || parent[i] >= i) {
+            bad = -2;
+        }
+    }
+    for (Py_ssize_t node = 0; node < n && bad == -1; node++) {
+        int32_t lo = eo[node], hi = eo[node + 1];
+        if (lo < 0 || hi < lo || hi > edges) {
+            bad = lo < 0 || lo > edges ? 0 : lo;
+            break;
+        }
+        for (int32_t e = lo; e < hi; e++) {
+            int32_t m = dests[e], t = tokens[e];
+            if (m < 0) {
+                bad = e;
+                break;
+            }
+            if (m >= n) { /* a final state: EOS after the value ending here */
+                int is_eos = 0;
+                for (Py_ssize_t j = 0; j < n_eos; j++) {
+                    is_eos |= eos[j] == t;
+                }
+                if (m - n >= n_values || terminal[m - n] != node || !is_eos) {
+                    bad = e;
+                    break;
+                }
+                continue;
+            }
+            if (t < 0 || t >= n_tokens || lengths[t] <= 0 || offsets[t] < 0 || offsets[t] + lengths[t] > n_data) {
+                bad = e;
+                break;
+            }
+            int64_t at = m;
+            for (int64_t k = lengths[t] - 1; k >= 0; k--) {
+                if (at <= 0 || byte[at] != data[offsets[t] + k]) {
+                    at = -1;
+                    break;
+                }
+                at = parent[at];
+            }
+            if (at != node) {
+                bad = e;
+                break;
+            }
+        }
+    }
+    Py_END_ALLOW_THREADS
+    if (bad == -2) {
+        PyErr_SetString(PyExc_ValueError, "spelled_edges: a parent that is not before its node");
+        goto done;
+    }
+    result = PyLong_FromSsize_t(bad);
+done:
+    for (int i = 0; i < held; i++) {
+        PyBuffer_Release(&views[i]);
+    }
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"enable_ndarray_headers", enable_ndarray_headers, METH_VARARGS,
      "Check the mirror of NumPy's array header on three probes; read headers directly if it holds."},
@@ -2077,6 +2175,8 @@ static PyMethodDef module_methods[] = {
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask._lazy)."},
     {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask._storage.checksum)."},
+    {"spelled_edges", spelled_edges, METH_VARARGS,
+     "The first edge whose token does not spell its path, or -1 (see _automaton.first_misspelled_edge)."},
     {NULL, NULL, 0, NULL},
 };
 

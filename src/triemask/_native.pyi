@@ -80,3 +80,16 @@ def lazy_kernel(
     /,
 ) -> Kernel: ...
 def checksum(data: Any, /) -> int: ...
+def spelled_edges(
+    parent: Any,
+    byte: Any,
+    edge_offsets: Any,
+    edge_tokens: Any,
+    edge_dests: Any,
+    token_lengths: Any,
+    token_offsets: Any,
+    data: Any,
+    terminal: Any,
+    eos: Any,
+    /,
+) -> int: ...
