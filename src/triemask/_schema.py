@@ -311,16 +311,19 @@ def _dicts_within(node: Any) -> list[dict[str, Any]]:
     return found
 
 
-def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, Any], list[EnumSite]]:
+def dispatch(
+    schema: dict[str, Any], min_enum_values: int, *, patterns: bool = True
+) -> tuple[dict[str, Any], list[EnumSite]]:
     """A copy of ``schema`` with every enum site replaced by a const placeholder
-    (``schema`` itself is not modified).
+    (``schema`` itself is not modified). ``patterns=False`` builds no pattern automaton (a
+    serving front end checks a schema's errors without the costly part of its compile).
 
     Returns the rewritten schema and the sites, in the order they were found.
     """
     nonce = secrets.token_hex(8)
     sites: list[EnumSite] = []
     key_schemas = _key_schemas(schema)
-    patterns = _PatternBudget()
+    budget = _PatternBudget(MAX_DISPATCHED_PATTERNS if patterns else 0)
 
     def distinct(values: list[Any]) -> tuple[Any, ...]:
         if all(type(value) is str for value in values):
@@ -350,7 +353,7 @@ def dispatch(schema: dict[str, Any], min_enum_values: int) -> tuple[dict[str, An
                 placeholder = f"triemask-{nonce}-{len(sites)}"
                 sites.append(EnumSite(found[1], values, placeholder))
                 return {"const": placeholder}
-        finite = None if keys else _finite_string(node, path, patterns)
+        finite = None if keys else _finite_string(node, path, budget)
         if finite is not None:
             placeholder = f"triemask-{nonce}-{len(sites)}"
             sites.append(EnumSite(finite[1], (), placeholder, finite[0]))

@@ -342,13 +342,15 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
                     f"{kind!r} must be a JSON schema (an object or its JSON text), got {type(given).__qualname__}"
                 )
             loaded: Any = load_schema(given)
-            dispatch(loaded, 1)  # finds empty enums, bad values and unenforced keywords, with their paths
+            # empty enums, bad values and unenforced keywords, with their paths (no pattern
+            # automaton: those are the engine's, so this front end's event loop never waits on one)
+            dispatch(loaded, 1, patterns=False)
         else:
             if isinstance(given, str):
                 given = json.loads(given)
             for index, (_, parameters) in enumerate(read_tools(given)):
                 try:
-                    dispatch(load_schema(parameters), 1)  # (load_schema bounds its depth)
+                    dispatch(load_schema(parameters), 1, patterns=False)  # (load_schema bounds its depth)
                 except TriemaskError as error:  # noqa: PERF203 - the error path
                     path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
                     raise RequestError(f"{kind!r} at {path}: {error}") from None
