@@ -9,6 +9,7 @@ import pickle
 import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import zlib
 from pathlib import Path
@@ -482,6 +483,42 @@ def test_the_token_index_is_cached_on_disk(tmp_path: Path) -> None:
     blocked.write_text("not a folder")
     assert Compiler(vocab, cache_dir=blocked / "sub").stats()["source"].startswith("built (cannot look at")
     assert Compiler(vocab, cache_dir=blocked).stats()["source"].startswith("built (the cache folder")
+
+
+@settings(
+    max_examples=int(os.environ.get("TRIEMASK_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(data=st.data())
+def test_any_token_index_array_changed_with_valid_checksums_is_rebuilt_or_equal(
+    data: st.DataObject, tmp_path: Path
+) -> None:
+    """The token-index loader, fuzzed with valid checksums: random values written into any of
+    its arrays. The cached file is rebuilt (never an error out of Compiler), or what loaded
+    compiles every layout exactly as a fresh index does."""
+    vocab = byte_vocabulary([b"get", b"_user", b"us", b"er"])
+    folder = Path(tempfile.mkdtemp(dir=tmp_path))
+    fresh = Compiler(vocab, cache_dir=folder)
+    index = fresh._index
+    arrays = {name: getattr(index, name).copy() for name in index._ARRAYS}
+    name = data.draw(st.sampled_from(sorted(arrays)))
+    array = arrays[name]
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(array) - 1))
+        array[at] = (
+            data.draw(st.booleans())
+            if array.dtype == np.bool_
+            else data.draw(st.integers(0, min(int(np.iinfo(array.dtype).max), index.num_nodes + 300)))
+        )
+    meta = {key: int(getattr(index, key)) for key in index._SCALARS}
+    path = folder / f"token-index-{vocab.fingerprint}.tmi"
+    _storage.write(path, "token_index", meta, arrays, vocab_fingerprint=vocab.fingerprint, set_fingerprint="")
+    loaded = Compiler(vocab, cache_dir=folder)
+    assert loaded.stats()["source"] in ("loaded",) or loaded.stats()["source"].startswith("built (the cached file")
+    reference = Compiler(vocab, disk_cache=False)
+    for layout in ("trie", "dag", "lazy"):
+        assert_equal_everywhere(reference.compile(VALUES, layout=layout), loaded.compile(VALUES, layout=layout))
 
 
 def test_cache_folders_others_can_write_into_are_not_used(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
