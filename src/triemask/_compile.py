@@ -611,7 +611,7 @@ class _EdgeBudget:
     work proportional to the budget, before the large allocations."""
 
     BYTES_PER_EDGE = 16
-    WORK_PER_EDGE = 2  # frontier entries the matching may visit per edge of the budget
+    WORK_PER_EDGE = 1  # frontier entries the matching may visit per edge of the budget
 
     def __init__(self, max_bytes: int | None, num_nodes: int, pattern: str | None) -> None:
         self.max_bytes = max_bytes

@@ -90,6 +90,7 @@ __all__ = [
     "allowed_token_rows",
     "configurations_after",
     "fill_next_token_bitmasks",
+    "prepare_schemas",
     "register_schema_kind",
     "stored_field_automaton",
 ]
@@ -429,6 +430,14 @@ class _VocabularySupport:
 
 _SUPPORT: dict[str, _VocabularySupport] = {}
 _SUPPORT_LOCK = threading.Lock()
+
+
+def prepare_schemas(vocab: Vocabulary) -> None:
+    """Build now what every schema of ``vocab`` shares (xgrammar's tokenizer info with the extra
+    tokens, the JSON lexer's tables; 0.7 s for a 49K vocabulary, 2.2 s for Qwen's 151K), so the
+    first schema a server compiles does not pay for it inside an engine step. Needs xgrammar."""
+    _require_xgrammar()
+    _support(vocab)
 
 
 def _support(vocab: Vocabulary) -> _VocabularySupport:
