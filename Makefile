@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving lint typecheck bench bench-quick bench-check bench-large bench-hierarchy bench-lifecycle clean
+.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving bench-storm lint typecheck bench bench-quick bench-check bench-large bench-hierarchy bench-lifecycle clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,12 @@ bench-serving: $(VLLM_VENV)/.installed $(VENV)/.installed-demo
 	$(PY) -c "import triemask; triemask.load_default_model()"
 	$(VLLM_VENV)/bin/python -m benchmarks.serving --out benchmarks/results
 	$(VLLM_VENV)/bin/python -m benchmarks.serving --model tiny --out benchmarks/results
+
+# Hostile requests while good constrained ones run, against vLLM's OpenAI server on SmolLM2-135M
+# (docs/serving.md, "Limits and failures"; about 2 minutes).
+bench-storm: $(VLLM_VENV)/.installed $(VENV)/.installed-demo
+	$(PY) -c "import triemask; triemask.load_default_model()"
+	$(VLLM_VENV)/bin/python -m benchmarks.serving_storm --out benchmarks/results
 
 # Large sets (docs/large-sets.md): 1-5 million values, real word and package-name lists (~3 minutes).
 bench-large: $(VENV)/.installed-bench
