@@ -183,10 +183,7 @@ class Compiler:
         MemoryLimitError
             The automaton would take more than ``max_bytes``.
         """
-        if max_bytes is not None:
-            max_bytes = integer(max_bytes, "max_bytes", ValueSetError, "a positive integer")
-            if max_bytes <= 0:
-                raise ValueSetError(f"max_bytes must be a positive integer, got {max_bytes}")
+        max_bytes = _budget(max_bytes)
         if cache_bytes is not None:
             if layout != "lazy":
                 raise ValueSetError(f"cache_bytes applies to layout='lazy' only, not layout={layout!r:.40}")
@@ -596,6 +593,7 @@ def compile_pattern_with_pseudo_tokens(
 
 
 def _budget(max_bytes: int | None) -> int | None:
+    """``max_bytes`` checked: None, or a positive integer (``ValueSetError`` otherwise)."""
     if max_bytes is None:
         return None
     max_bytes = integer(max_bytes, "max_bytes", ValueSetError, "a positive integer")

@@ -126,18 +126,11 @@ class TokenIndex:
         "vocab",
     )
 
-    _SCALARS = ("num_nodes", "dense_levels", "hash_shift")
-    _ARRAYS = (
-        "first_token",
-        "has_children",
-        "dense",
-        "hash_table",
-        "level_offsets",
-        "byte_is_token",
-        "byte_in_token",
-        "child_offsets",
-        "node_byte",
-    )
+    # What a cached file holds: the trie and its tokens, checked against the vocabulary on load.
+    # The transition tables (dense rows, hash table, byte flags, levels) are derived from them
+    # on load, never read from a file (a consistent lie there would mislead every compile).
+    _SCALARS = ("num_nodes",)
+    _ARRAYS = ("first_token", "child_offsets", "node_byte")
 
     def __init__(self, vocab: Vocabulary) -> None:
         started = time.perf_counter()
@@ -156,7 +149,6 @@ class TokenIndex:
         trie = build_trie(flat, starts, return_inverse=True)
         n = trie.num_nodes
         self.num_nodes = n
-        self.level_offsets = trie.level_offsets
 
         # Token ids ending at each node: the smallest in first_token, any others
         # (ids with identical bytes, e.g. "A" and byte-fallback "<0x41>") in a CSR.
@@ -177,33 +169,43 @@ class TokenIndex:
         first_token[first_token == np.iinfo(np.int32).max] = -1
         self.first_token = first_token
 
-        self.has_children = np.zeros(n + 1, dtype=bool)
-        self.has_children[trie.parent[1:]] = True
         # Children are contiguous ids in byte order (breadth-first numbering): node u's are
         # child_offsets[u]:child_offsets[u + 1], with node_byte the byte into each node.
         self.child_offsets = np.ones(n + 2, dtype=np.int32)
         np.cumsum(np.bincount(trie.parent[1:], minlength=n + 1), out=self.child_offsets[1:])
         self.child_offsets[1:] += 1
         self.node_byte = np.append(trie.byte, np.uint8(0))
+        self._derive(started)
 
+    def _derive(self, started: float) -> None:
+        """The transition tables, from the trie (``child_offsets``, ``node_byte``) and the tokens."""
+        n = self.num_nodes
+        counts = np.diff(self.child_offsets)
+        parents = np.repeat(np.arange(n + 1, dtype=np.int64), counts)  # of nodes 1 .. n - 1
+        self.has_children = counts > 0
+        levels = [0, 1]  # breadth-first: a level's children are the next level
+        while levels[-1] > levels[-2]:
+            levels.append(int(self.child_offsets[levels[-1]]))
+        self.level_offsets = np.array(levels[:-1], dtype=np.int64)
         # Dense rows for whole levels while they fit the budget.
-        levels = 1
-        while levels < len(trie.level_offsets) - 1 and trie.level_offsets[levels + 1] * 256 * 4 <= _DENSE_TABLE_BYTES:
-            levels += 1
-        dense_nodes = int(trie.level_offsets[levels])
-        self.dense_levels = levels  # nodes of depth < levels have dense rows
+        dense_levels = 1
+        while (
+            dense_levels < len(self.level_offsets) - 1
+            and self.level_offsets[dense_levels + 1] * 256 * 4 <= _DENSE_TABLE_BYTES
+        ):
+            dense_levels += 1
+        dense_nodes = int(self.level_offsets[dense_levels])
+        self.dense_levels = dense_levels  # nodes of depth < dense_levels have dense rows
         children = np.arange(1, n, dtype=np.int32)
-        parents = trie.parent[1:].astype(np.int64)
-        keys = parents * 256 + trie.byte[1:]
+        keys = parents * 256 + self.node_byte[1:n]
         in_dense = parents < dense_nodes
         self.dense = np.full(dense_nodes * 256, n, dtype=np.int32)
         self.dense[keys[in_dense]] = children[in_dense]
         self.hash_table, self.hash_shift = _build_hash(
             keys[~in_dense].astype(np.uint64), children[~in_dense].astype(np.uint64)
         )
-
-        self.byte_is_token = first_token[self.dense[:256]] >= 0
-        self.byte_in_token = np.bincount(raw, minlength=256) > 0
+        self.byte_is_token = self.first_token[self.dense[:256]] >= 0
+        self.byte_in_token = np.bincount(np.frombuffer(self.vocab.byte_table()[2], dtype=np.uint8), minlength=256) > 0
         for array in self._arrays():
             array.flags.writeable = False
         self.native: Any = None  # the C compiler's view of the tables, made on first use
@@ -263,20 +265,11 @@ class TokenIndex:
         index.dup_tokens = stored.arrays.get("dup_tokens")
         index.dup_offsets = stored.arrays.get("dup_offsets")
         index._check()
-        index.native = None
-        index.token_trie_value = None
-        index.token_trie_lock = threading.Lock()
-        index.build_seconds = time.perf_counter() - started
+        index._derive(started)
         return index
 
     _DTYPES: ClassVar[dict[str, Any]] = {
         "first_token": np.int32,
-        "has_children": np.bool_,
-        "dense": np.int32,
-        "hash_table": np.uint64,
-        "level_offsets": np.int64,
-        "byte_is_token": np.bool_,
-        "byte_in_token": np.bool_,
         "child_offsets": np.int32,
         "node_byte": np.uint8,
         "dup_tokens": np.int32,
@@ -284,8 +277,8 @@ class TokenIndex:
     }
 
     def _check(self) -> None:
-        """The invariants every lookup relies on (a loaded index is checked before use):
-        dtypes, sizes, ranges, and that its trie spells exactly the vocabulary's tokens."""
+        """What a cached file holds, before anything is derived from it: dtypes, sizes, and
+        that its trie spells exactly the vocabulary's tokens (:meth:`_check_tokens`)."""
         for name, dtype in self._DTYPES.items():
             array = getattr(self, name)
             if array is not None and (array.dtype != dtype or array.ndim != 1):
@@ -293,21 +286,12 @@ class TokenIndex:
                     f"{name} is {array.dtype} of {array.ndim} dimensions, not a 1-D {np.dtype(dtype)} array"
                 )
         n = self.num_nodes
-        sizes = {"first_token": n + 1, "has_children": n + 1, "child_offsets": n + 2, "node_byte": n + 1}
+        sizes = {"first_token": n + 1, "child_offsets": n + 2, "node_byte": n + 1}
         for name, size in sizes.items():
             if len(getattr(self, name)) != size:
                 raise ValueError(f"{name} has {len(getattr(self, name))} entries, not {size}")
-        if len(self.dense) % 256 or len(self.byte_is_token) != 256 or len(self.byte_in_token) != 256:
-            raise ValueError("the dense table or the byte tables have the wrong size")
-        if len(self.hash_table) & (len(self.hash_table) - 1) or not 0 < self.hash_shift < 64:
-            raise ValueError("the hash table's size is not a power of two")
-        if self.first_token.size and int(self.first_token.max()) >= self.vocab.vocab_size:
-            raise ValueError("a token id is outside the vocabulary")
-        if self.dense.size and (int(self.dense.min()) < 0 or int(self.dense.max()) > n):
-            raise ValueError("a dense transition is out of range")
-        used = self.hash_table[self.hash_table != _EMPTY]
-        if used.size and int((used & np.uint64(0xFFFFFFFF)).max()) > n:
-            raise ValueError("a hashed transition is out of range")
+        if n < 1 or int(self.first_token[n]) != -1:
+            raise ValueError("the trie has no root, or its sentinel node holds a token")
         if (
             (np.diff(self.child_offsets) < 0).any()
             or int(self.child_offsets[0]) != 1
