@@ -51,6 +51,7 @@ __all__ = [
     "checksum",
     "load",
     "read",
+    "read_regular_file",
     "to_bytes",
     "trusted_directory",
     "write",
@@ -311,7 +312,7 @@ def read(
     else:
         name = f"file {os.fspath(source)!r}"
         try:
-            buffer = _read_regular_file(source, name, use_mmap)
+            buffer = read_regular_file(source, name, use_mmap=use_mmap)
         except OSError as error:
             raise AutomatonFileError(f"cannot read {name}: {error.strerror or error}", field="file") from None
     size = len(buffer)
@@ -363,14 +364,20 @@ def read(
     return Stored(header, arrays, name)
 
 
-def _read_regular_file(source: str | os.PathLike[str], name: str, use_mmap: bool) -> Any:
-    """The bytes of a regular file (mapped read-only, or read): a FIFO, a device (a link to
-    ``/dev/zero``), a folder are refused before any byte is read, and opening never blocks."""
+def read_regular_file(
+    source: str | os.PathLike[str], name: str, *, use_mmap: bool = False, max_bytes: int | None = None
+) -> Any:
+    """The bytes of a regular file (mapped read-only, or read, at most its size when opened):
+    a FIFO, a device (a link to ``/dev/zero``), a folder or a file over ``max_bytes`` are
+    refused (AutomatonFileError naming ``name``) before any byte is read, and opening never
+    blocks. OSError where the file cannot be opened."""
     handle = os.open(source, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     try:
         status = os.fstat(handle)
         if not stat.S_ISREG(status.st_mode):
             raise AutomatonFileError(f"{name} is not a regular file (a FIFO, a device or a folder)", field="file")
+        if max_bytes is not None and status.st_size > max_bytes:
+            raise AutomatonFileError(f"{name} has {status.st_size} bytes, more than {max_bytes}", field="size")
         if use_mmap and status.st_size:
             return mmap.mmap(handle, 0, access=mmap.ACCESS_READ)
         with os.fdopen(os.dup(handle), "rb") as f:

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import re
-import stat
 import threading
 import time
 from collections import OrderedDict
@@ -36,8 +35,9 @@ import numpy as np
 from .._automaton import TrieAutomaton
 from .._cache import CompileCache
 from .._compile import Compiler
-from .._errors import ValueSetError
+from .._errors import AutomatonFileError, ValueSetError
 from .._mixed import CompiledSchema, SchemaMatcher, allowed_token_rows, prepare_schemas
+from .._storage import read_regular_file
 from .._vocabulary import Vocabulary
 
 logger = logging.getLogger("triemask")
@@ -112,16 +112,10 @@ def _read_set_file(file: Path) -> list[str]:
     split at ``\n`` or ``\r\n`` only (a value may hold any other character). Only a
     regular file of at most :data:`MAX_SET_FILE_BYTES` is read (a FIFO would block the
     reader, a device would never end), opened without blocking."""
-    handle = os.open(file, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    with os.fdopen(handle, "rb") as opened:
-        status = os.fstat(opened.fileno())
-        if not stat.S_ISREG(status.st_mode):
-            raise ValueError(f"{SETS_ENV}: {file} is not a regular file (a FIFO, a device or a folder)")
-        if status.st_size > MAX_SET_FILE_BYTES:
-            raise ValueError(f"{SETS_ENV}: {file} has {status.st_size} bytes, more than {MAX_SET_FILE_BYTES}")
-        raw = opened.read(MAX_SET_FILE_BYTES + 1)
-    if len(raw) > MAX_SET_FILE_BYTES:
-        raise ValueError(f"{SETS_ENV}: {file} grew past {MAX_SET_FILE_BYTES} bytes while it was read")
+    try:
+        raw = read_regular_file(file, str(file), max_bytes=MAX_SET_FILE_BYTES)
+    except AutomatonFileError as error:
+        raise ValueError(f"{SETS_ENV}: {error}") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
