@@ -184,6 +184,7 @@ class _Lexical:
 
     after: tuple[bytes, ...]  # by start state, by token id: the state after it, or _REFUSED
     keep: npt.NDArray[np.int32]  # (start states, width): the bitmask of the tokens not refused
+    never: npt.NDArray[np.bool_]  # by token id: refused from every state (no piece of it is needed)
 
     @classmethod
     def of(cls, tokens: Sequence[bytes | None], width: int) -> _Lexical:
@@ -199,17 +200,14 @@ class _Lexical:
             else:
                 for state in _LEXER_STATES:
                     after[state][t] = _lex(data, state)
+        refused = np.stack([np.frombuffer(a, dtype=np.uint8) for a in after]) == _REFUSED
         keep = np.full((len(_LEXER_STATES), width), -1, dtype=np.int32)
         for state in _LEXER_STATES:
-            ids = np.flatnonzero(np.frombuffer(after[state], dtype=np.uint8) == _REFUSED)
+            ids = np.flatnonzero(refused[state])
             np.bitwise_and.at(
                 keep[state].view(np.uint32), ids >> 5, ~np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
             )
-        return cls(tuple(bytes(a) for a in after), keep)
-
-    def never(self, token: int) -> bool:
-        """Whether ``token`` is refused from every state (no piece of it is ever needed)."""
-        return all(self.after[state][token] == _REFUSED for state in _LEXER_STATES)
+        return cls(tuple(bytes(a) for a in after), keep, refused.all(axis=0))
 
 
 # Free text of every kind xgrammar builds for JSON (strings plain, length-bounded, with a
@@ -312,8 +310,9 @@ class _Pieces:
         ids: dict[bytes, int] = {}
         self.enters: list[tuple[int, int, int, int]] = []  # (piece, token, start, end): tails and middles
         heads: list[tuple[int, int, int]] = []  # (piece, token, end)
+        never = support.lexical.never.tolist()
         for t, data in enumerate(support.tokens):
-            if not data or support.lexical.never(t):
+            if not data or never[t]:
                 continue
             starts = _starts(data, first)
             ends = _ends(data, last)
