@@ -117,7 +117,11 @@ def test_a_schema_builds_at_most_a_few_pattern_automata(monkeypatch: pytest.Monk
     costly = {
         f"f{i}": {"type": "string", "pattern": f"\\w{{0,30}}\\d\\w{{0,30}}\\d\\w{{0,{30 + i}}}"} for i in range(20)
     }
-    validate_request({"triemask_json_schema": {"type": "object", "properties": costly}})
+    with pytest.raises(RequestError, match="holds 20 patterns, more than the server's limit of 4"):
+        validate_request({"triemask_json_schema": {"type": "object", "properties": costly}})
+    with pytest.raises(RequestError, match=r"\$\[0\].parameters holds 20 patterns"):  # per tool
+        validate_request({"triemask_tools": [{"name": "a", "parameters": {"type": "object", "properties": costly}}]})
+    requested_schema({"triemask_json_schema": {"type": "object", "properties": costly}}, Limits(max_schema_patterns=20))
     assert builds == []
     compiler = Compiler(byte_vocabulary())
     compiler.compile_json_schema({"type": "object", "properties": costly})
