@@ -37,7 +37,7 @@ from .._cache import CompileCache
 from .._compile import Compiler
 from .._errors import AutomatonFileError, ValueSetError
 from .._mixed import CompiledSchema, SchemaMatcher, allowed_token_rows, prepare_schemas
-from .._schema import count_patterns
+from .._schema import structure_cost
 from .._storage import read_regular_file
 from .._vocabulary import Vocabulary
 
@@ -58,7 +58,7 @@ MAX_VALUE_BYTES_ENV = "TRIEMASK_MAX_VALUE_BYTES"
 MAX_SET_BYTES_ENV = "TRIEMASK_MAX_SET_BYTES"
 MAX_PATTERN_BYTES_ENV = "TRIEMASK_MAX_PATTERN_BYTES"
 MAX_AUTOMATON_BYTES_ENV = "TRIEMASK_MAX_AUTOMATON_BYTES"
-MAX_SCHEMA_PATTERNS_ENV = "TRIEMASK_MAX_SCHEMA_PATTERNS"
+MAX_SCHEMA_COST_ENV = "TRIEMASK_MAX_SCHEMA_COST_MS"
 
 
 class RequestError(ValueError):
@@ -74,15 +74,15 @@ class Limits:
     bytes of a set, a schema or a tool list), ``$TRIEMASK_MAX_PATTERN_BYTES`` (a regex, checked
     before it is parsed), ``$TRIEMASK_MAX_AUTOMATON_BYTES`` (the automaton a regex compiles
     to for the model's vocabulary: ``.{0,1000}`` is 9 bytes and would take gigabytes) and
-    ``$TRIEMASK_MAX_SCHEMA_PATTERNS`` (``pattern`` strings in a schema or one tool's parameters:
-    the structural engine compiles each in up to about half a second)."""
+    ``$TRIEMASK_MAX_SCHEMA_COST_MS`` (the structural engine's compile of a schema, or of one
+    tool's parameters, estimated from what it holds: :func:`triemask._schema.structure_cost`)."""
 
     max_values: int = 100_000
     max_value_bytes: int = 1024
     max_set_bytes: int = 1 << 20
     max_pattern_bytes: int = 4096
     max_automaton_bytes: int = 16 << 20
-    max_schema_patterns: int = 4
+    max_schema_cost_ms: int = 2000
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Limits:
@@ -96,7 +96,7 @@ class Limits:
             ("max_set_bytes", MAX_SET_BYTES_ENV),
             ("max_pattern_bytes", MAX_PATTERN_BYTES_ENV),
             ("max_automaton_bytes", MAX_AUTOMATON_BYTES_ENV),
-            ("max_schema_patterns", MAX_SCHEMA_PATTERNS_ENV),
+            ("max_schema_cost_ms", MAX_SCHEMA_COST_ENV),
         ):
             raw = environ.get(name)
             if raw is None:
@@ -346,14 +346,14 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
             # empty enums, bad values and unenforced keywords, with their paths (no pattern
             # automaton: those are the engine's, so this front end's event loop never waits on one)
             dispatch(loaded, 1, patterns=False)
-            _price_patterns(kind, "$", loaded, limits)
+            _price_structure(kind, "$", loaded, limits)
         else:
             if isinstance(given, str):
                 given = json.loads(given)
             for index, (_, parameters) in enumerate(read_tools(given)):
                 try:
                     dispatch(load_schema(parameters), 1, patterns=False)  # (load_schema bounds its depth)
-                    _price_patterns(kind, f"$[{index}].parameters", parameters, limits)  # compiled one tool at a time
+                    _price_structure(kind, f"$[{index}].parameters", parameters, limits)  # one tool at a time
                 except TriemaskError as error:  # noqa: PERF203 - the error path
                     path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
                     raise RequestError(f"{kind!r} at {path}: {error}") from None
@@ -369,13 +369,15 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
     return SchemaRequest(kind, text)
 
 
-def _price_patterns(kind: str, path: str, schema: Any, limits: Limits) -> None:
-    """Refuse a schema with more ``pattern`` strings than the engine may compile in one step."""
-    found = count_patterns(schema)
-    if found > limits.max_schema_patterns:
+def _price_structure(kind: str, path: str, schema: Any, limits: Limits) -> None:
+    """Refuse a schema whose structure would cost the engine's step more than the limit."""
+    cost = structure_cost(schema)
+    if cost.milliseconds > limits.max_schema_cost_ms:
         raise RequestError(
-            f"{kind!r} at {path} holds {found} patterns, more than the server's limit of "
-            f"{limits.max_schema_patterns} (${MAX_SCHEMA_PATTERNS_ENV}): each costs the engine up to half a second"
+            f"{kind!r} at {path} would take the structural engine about {cost.milliseconds:,.0f} ms to compile, "
+            f"more than the server's limit of {limits.max_schema_cost_ms:,} ms (${MAX_SCHEMA_COST_ENV}): it holds "
+            f"{cost.patterns} patterns (about 450 ms each), {cost.formats} formats (20 ms each), and objects "
+            f"whose optional properties cost {0.006 * cost.optional_squares:,.0f} ms"
         )
 
 

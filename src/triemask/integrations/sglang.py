@@ -44,7 +44,7 @@ from .._errors import MemoryLimitError
 from .._matcher import Matcher
 from .._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher
 from .._regex import dag_of_pattern
-from .._schema import TOO_DEEP, count_patterns, dispatch, load_schema
+from .._schema import TOO_DEEP, dispatch, load_schema, structure_cost
 from ._serving import (
     FORMAT_ARG,
     REGEX_ARG,
@@ -295,8 +295,9 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
                 return self._other().dispatch_json(key_string)
             if len(key_string.encode("utf-8", "surrogatepass")) > self.limits.max_set_bytes:
                 raise ValueError(f"the schema exceeds the server's limit of {self.limits.max_set_bytes} bytes")
-            if count_patterns(schema) > self.limits.max_schema_patterns:
-                raise ValueError(f"the schema holds more than {self.limits.max_schema_patterns} patterns")
+            cost = structure_cost(schema).milliseconds
+            if cost > self.limits.max_schema_cost_ms:
+                raise ValueError(f"the schema would take the structural engine about {cost:,.0f} ms to compile")
             any_whitespace = bool(getattr(self._fallback, "any_whitespace", True))
             return TriemaskGrammar(self.compiler.compile_json_schema(key_string, any_whitespace=any_whitespace))
         except Exception as error:
