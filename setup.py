@@ -1,10 +1,11 @@
-"""The C extension (triemask._native): built with the system compiler by ``pip install .``.
+"""The C extension (triemask.base._native, a unity of base/csrc/*.c): built with the system compiler by ``pip install .``.
 
 Everything else is in pyproject.toml. The extension is optional: without a C compiler the
 install still succeeds and triemask runs its NumPy reference code (``triemask.native``
 tells which is in use).
 """
 
+import glob
 import os
 import sys
 
@@ -16,8 +17,9 @@ flags += os.environ.get("TRIEMASK_CFLAGS", "").split()  # make test-asan adds th
 setup(
     ext_modules=[
         Extension(
-            "triemask._native",
-            ["src/triemask/_native.c"],
+            "triemask.base._native",
+            ["src/triemask/base/_native.c"],
+            depends=sorted(glob.glob("src/triemask/base/csrc/*.c")),
             extra_compile_args=flags,
             extra_link_args=os.environ.get("TRIEMASK_LDFLAGS", "").split(),
             optional=os.environ.get("TRIEMASK_REQUIRE_NATIVE") != "1",

@@ -117,7 +117,7 @@ def _differences(xgr: Any, automaton: TrieAutomaton, compiled: Any, paths: list[
 def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, Any]]:
     import xgrammar as xgr
 
-    from triemask._regex import clear_pattern_cache
+    from triemask.sets.regex import clear_pattern_cache
 
     loaded = vocabs.load(name)
     vocab = loaded.vocab

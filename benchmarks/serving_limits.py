@@ -27,7 +27,7 @@ import numpy as np
 
 from triemask import Compiler, allocate_token_bitmask
 from triemask.datasets import synthetic_tools
-from triemask.integrations._serving import Limits
+from triemask.integrations.serving import Limits
 
 from .vocabs import load
 

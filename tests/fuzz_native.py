@@ -39,7 +39,7 @@ def exercise_kernel(
     arrays: list[np.ndarray], num_nodes: int, num_states: int, width: int, values: np.ndarray, dense_min: int = 1
 ) -> None:
     """Build a kernel from arbitrary arrays (or see it refused) and call everything on it."""
-    from triemask import _native
+    from triemask.base import _native as _native
 
     try:
         kernel = _native.Kernel(*arrays, num_nodes, num_states, width, dense_min)

@@ -8,7 +8,7 @@ import pytest
 from conftest import byte_vocabulary
 from oracle import bitmask_tokens
 from triemask import DEAD, BitmaskError, Compiler, StateError, allocate_token_bitmask, bitmask_width
-from triemask._automaton import _ROW_BY_ROW
+from triemask.automata.core import _ROW_BY_ROW
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from triemask import (
     ValueSetError,
     Vocabulary,
 )
-from triemask._automaton import _ROW_BY_ROW
+from triemask.automata.core import _ROW_BY_ROW
 from triemask.datasets import load_icd10cm, load_labels, synthetic_tools
 
 VALUE_SETS: dict[str, list[str]] = {
@@ -204,7 +204,8 @@ def test_next_states_batch_matches_next_state() -> None:
 def test_memory_limit_stops_compilation_with_a_typed_error(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """max_bytes is checked on the values, on the trie, while matching (the C walk stops at
     the edge budget) and on the result; a budget that fits changes nothing."""
-    from triemask import MemoryLimitError, _kernels
+    from triemask import MemoryLimitError
+    from triemask.base import kernels as _kernels
     from triemask.datasets import synthetic_tools
 
     if not native:

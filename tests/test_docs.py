@@ -26,10 +26,10 @@ def test_readme_quickstart_runs() -> None:
     "module",
     [
         "triemask",
-        "triemask._vocabulary",
-        "triemask._compile",
-        "triemask._matcher",
-        "triemask._bitmask",
+        "triemask.vocab.vocabulary",
+        "triemask.compiler",
+        "triemask.matcher",
+        "triemask.base.bitmask",
         "triemask.datasets",
     ],
 )

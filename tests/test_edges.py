@@ -22,7 +22,7 @@ from triemask import (
     allocate_token_bitmask,
     bitmask_width,
 )
-from triemask._automaton import _ROW_BY_ROW
+from triemask.automata.core import _ROW_BY_ROW
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ from triemask.datasets import synthetic_tools
 @pytest.fixture(params=[True, False], ids=["native", "numpy"])
 def native(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
     """Run with the C extension's cache, and with the NumPy reference and its Python LRU."""
-    from triemask import _kernels
+    from triemask.base import kernels as _kernels
 
     if not request.param:
         monkeypatch.setattr(_kernels, "KERNELS", None)
@@ -91,7 +91,7 @@ def test_lazy_equals_eager_on_random_vocabularies(
     """Hypothesis: random byte vocabularies (some lacking single-byte tokens, with duplicate
     tokens, non-text ids) x random sets x cache bounds, with and without the C extension:
     the two layouts agree everywhere, incompatible values included."""
-    from triemask import _kernels
+    from triemask.base import kernels as _kernels
 
     saved = _kernels.KERNELS
     if not native:
@@ -274,7 +274,7 @@ def test_lazy_kernel_rejects_inconsistent_arrays(data: st.DataObject) -> None:
     lazy automaton, then perturbed) either build a kernel whose every call stays in bounds
     and in range, or are refused with ValueError; never a crash (make test-asan runs this
     under AddressSanitizer)."""
-    from triemask import _kernels
+    from triemask.base import kernels as _kernels
 
     native = _kernels.KERNELS
     if native is None:

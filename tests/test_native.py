@@ -16,7 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import byte_vocabulary
-from triemask import Compiler, Matcher, TriemaskError, Vocabulary, _automaton, _kernels, allocate_token_bitmask
+from triemask import Compiler, Matcher, TriemaskError, Vocabulary, allocate_token_bitmask
+from triemask.automata import checks
+from triemask.automata import trie as _automaton
+from triemask.base import kernels as _kernels
 
 pytestmark = pytest.mark.skipif(not _kernels.NATIVE, reason="built without the C extension")
 
@@ -214,9 +217,10 @@ def test_fallbacks_give_the_same_masks(environment: dict[str, str]) -> None:
     script = """
 import os, sys, hashlib
 if os.environ.get("TRIEMASK_BLOCK_NATIVE"):
-    sys.modules["triemask._native"] = None  # as if built without a C compiler
+    sys.modules["triemask.base._native"] = None  # as if built without a C compiler
 import numpy as np
-from triemask import Compiler, Matcher, Vocabulary, allocate_token_bitmask, _kernels
+from triemask import Compiler, Matcher, Vocabulary, allocate_token_bitmask
+from triemask.base import kernels as _kernels
 vocab = Vocabulary([bytes([b]) for b in range(256)] + [b"ab", b"abc", None], eos_token_ids=258)
 automaton = Compiler(vocab).compile(["abc", "abd", "b", "xyz"])
 bitmask = allocate_token_bitmask(4, vocab.vocab_size)
@@ -316,7 +320,7 @@ def test_no_packed_key_limit(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_trie_construction_equals_reference(strings: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     """The C trie (one sort, one pass) against _trie.build_trie's NumPy construction: NUL
     and 0xFF bytes, empty strings, duplicates, with and without the inverse."""
-    from triemask._trie import build_trie
+    from triemask.base.trie import build_trie
 
     flat = np.frombuffer(b"".join(strings), dtype=np.uint8)
     starts = np.zeros(len(strings) + 1, dtype=np.int64)
@@ -336,7 +340,7 @@ def test_trie_construction_equals_reference(strings: list[bytes], monkeypatch: p
 def test_large_trie_construction_equals_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """Above 1,024 strings the C sort is a radix sort: long shared prefixes, prefixes of one
     another, NUL and 0xFF bytes, duplicates and empty strings, against the NumPy trie."""
-    from triemask._trie import build_trie
+    from triemask.base.trie import build_trie
 
     rng = np.random.default_rng(7)
     stems = [bytes(rng.integers(0, 256, int(rng.integers(0, 40)), dtype=np.uint8)) for _ in range(30)]
@@ -359,7 +363,7 @@ def test_large_trie_construction_equals_reference(monkeypatch: pytest.MonkeyPatc
 def test_token_index_tables_equal_reference(monkeypatch: pytest.MonkeyPatch) -> None:
     """The C-built trie and hash table answer every transition as the NumPy-built ones."""
     from conftest import real_vocabulary
-    from triemask._token_index import TokenIndex
+    from triemask.vocab.token_index import TokenIndex
 
     vocab = real_vocabulary("mistral-spm-32k").vocab
     native = TokenIndex(vocab)
@@ -390,7 +394,7 @@ def test_token_index_tables_equal_reference(monkeypatch: pytest.MonkeyPatch) -> 
 def test_spelled_edges_equals_reference(values: list[str], changes: list[tuple[str, int, int]]) -> None:
     """The C check that a file's edges spell its values' paths gives the NumPy reference's
     answer (the first bad edge, or -1) on intact and on altered edges, whatever they hold."""
-    from triemask._trie import build_trie
+    from triemask.base.trie import build_trie
 
     native = _kernels.KERNELS
     assert native is not None
@@ -406,7 +410,7 @@ def test_spelled_edges_equals_reference(values: list[str], changes: list[tuple[s
     lengths, offsets, data = vocab.byte_table()
     eos = np.asarray(vocab.eos_token_ids, dtype=np.int32)
     parts = (trie.parent, trie.byte, arrays["edge_offsets"], tokens, dests, lengths, offsets, data, trie.terminal, eos)
-    expected = _automaton.first_misspelled_edge(*parts)
+    expected = checks.first_misspelled_edge(*parts)
     assert native.spelled_edges(*parts) == expected
     if not changes:
         assert expected == -1

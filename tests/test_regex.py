@@ -375,9 +375,9 @@ def test_set_layout_errors() -> None:
 def test_class_matching_equals_byte_matching(name: str) -> None:
     """Automata with interchangeable bytes (hex digits) are matched once per class string;
     the edges must be exactly those of matching byte by byte."""
-    from triemask._compile import _EdgeKeys, _match_dag, _match_dag_by_class
-    from triemask._regex import dag_of_pattern
-    from triemask._token_index import TokenIndex
+    from triemask.sets.matching import _EdgeKeys, _match_dag, _match_dag_by_class
+    from triemask.sets.regex import dag_of_pattern
+    from triemask.vocab.token_index import TokenIndex
 
     index = TokenIndex(real_vocabulary(name).vocab)
     for pattern in [FORMATS["uuid"], FORMATS["ipv6"], "[a-f0-9]{2,6}(-[A-F]{3})?", "x[a-e]{3}é{1,2}"]:
@@ -394,7 +394,7 @@ def test_hostile_patterns_are_refused_quickly(pattern: str, monkeypatch: pytest.
     """Patterns whose automaton is costly to build (large subsets, exponential DFAs, deep
     repetition) are a PatternError at admission: the work is bounded, not just the states;
     and the refusal is remembered, not built again for the engine or the next request."""
-    from triemask import _regex
+    from triemask.sets import regex as _regex
 
     _regex.clear_pattern_cache()
     builds = []

@@ -28,7 +28,7 @@ from triemask import (
     TrieAutomaton,
     Vocabulary,
 )
-from triemask._storage import checksum
+from triemask.base.storage import checksum
 
 xgr = pytest.importorskip("xgrammar")
 

@@ -35,10 +35,10 @@ from triemask import (
     SchemaError,
     SchemaMatcher,
     Vocabulary,
-    _mixed,
-    _storage,
 )
-from triemask._mixed import _check_entry_unforgeable
+from triemask.base import storage as _storage
+from triemask.schemas import structure as _structure
+from triemask.schemas.structure import _check_entry_unforgeable
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -376,7 +376,7 @@ def test_sentinel_lead_byte_is_refused_by_xgrammars_free_text(monkeypatch: pytes
     """The entry test's premise, checked on the installed xgrammar as triemask checks it; the
     check would have refused the old lead byte, 0x01."""
     _check_entry_unforgeable()
-    monkeypatch.setattr(_mixed, "_SENTINEL_LEAD", 0x01)
+    monkeypatch.setattr(_structure, "_SENTINEL_LEAD", 0x01)
     with pytest.raises(ImportError, match="lets free text"):
         _check_entry_unforgeable.__wrapped__()
     monkeypatch.undo()

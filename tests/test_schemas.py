@@ -601,7 +601,7 @@ def test_bad_tool_lists_name_the_field(byte_compiler: Compiler) -> None:
 
 def test_json_texts_match_xgrammar() -> None:
     """Enum values are spelled exactly as xgrammar spells them (numbers reformatted)."""
-    from triemask._schema import json_texts
+    from triemask.schemas.reading import json_texts
 
     values = ("a/b", 'q"x', "b\\s", "nl\n\t\x01\x1f\x7f", "é😀", 1, 1.0, 2.5, 1e20, -0.0, True, None, 0.1, 1e-7, 2**70)
     texts = json_texts(values, "$")

@@ -16,8 +16,8 @@ from conftest import byte_vocabulary
 from triemask import FORMATS, Compiler, DagAutomaton, Vocabulary
 
 torch = pytest.importorskip("torch")
-from triemask.integrations import _serving  # noqa: E402
-from triemask.integrations._serving import (  # noqa: E402
+from triemask.integrations import serving as _serving  # noqa: E402
+from triemask.integrations.serving import (  # noqa: E402
     BatchRows,
     CompiledSets,
     Limits,
@@ -52,7 +52,7 @@ def registered(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     (tmp_path / "tools.txt").write_text("slack.send_message\ngithub.create_issue\n\n", encoding="utf-8")
     (tmp_path / "answers.txt").write_text("yes\nno\n", encoding="utf-8")
     monkeypatch.setenv(_serving.SETS_ENV, str(tmp_path))
-    monkeypatch.setattr(_serving, "_REGISTERED", None)
+    monkeypatch.setattr(_serving.registry, "_REGISTERED", None)
     return tmp_path
 
 
@@ -194,7 +194,7 @@ def test_set_files_are_strict_utf8_split_at_line_ends_only(tmp_path) -> None:  #
 
 def test_registered_sets_are_read_once_and_a_failure_is_kept(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv(_serving.SETS_ENV, str(tmp_path / "missing"))
-    monkeypatch.setattr(_serving, "_REGISTERED", None)
+    monkeypatch.setattr(_serving.registry, "_REGISTERED", None)
     for _ in range(2):
         with pytest.raises(ValueError, match="no such file or folder"):
             _serving.registered_sets()
@@ -221,7 +221,7 @@ def test_registered_sets_compile_at_start_up_with_one_log_line(registered, sets,
 def test_registered_sets_that_do_not_compile_stop_the_start_up(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     (tmp_path / "bad.txt").write_text("ok\nnul\x00here\n", encoding="utf-8")
     monkeypatch.setenv(_serving.SETS_ENV, str(tmp_path))
-    monkeypatch.setattr(_serving, "_REGISTERED", None)
+    monkeypatch.setattr(_serving.registry, "_REGISTERED", None)
     vocab = Vocabulary([bytes([b]) for b in range(1, 256)] + [None], eos_token_ids=255)  # no NUL token
     with pytest.raises(ValueError, match="set 'bad' does not compile"):
         _serving.compile_registered(CompiledSets(Compiler(vocab), torch.device("cpu")))
@@ -480,8 +480,8 @@ def test_a_registered_set_is_updated_by_name_without_a_restart(registered, sets,
     """Editing a set's file is seen by the next request after RELOAD_SECONDS: the name gives the
     new values, the new set is pinned when first compiled, the old one unpinned; an edit that
     cannot be read keeps the previous sets."""
-    monkeypatch.setattr(_serving, "RELOAD_SECONDS", 0.0)
-    monkeypatch.setattr(_serving, "_REGISTERED_STATE", {"signature": None, "checked": 0.0, "generation": 0})
+    monkeypatch.setattr(_serving.registry, "RELOAD_SECONDS", 0.0)
+    monkeypatch.setattr(_serving.registry, "_REGISTERED_STATE", {"signature": None, "checked": 0.0, "generation": 0})
     _serving.compile_registered(sets)
     old = requested_values({"triemask_set": "tools"})
     assert old == ["slack.send_message", "github.create_issue"]

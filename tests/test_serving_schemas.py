@@ -16,7 +16,7 @@ from triemask import Compiler, SchemaError, SchemaMatcher
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("xgrammar")
-from triemask.integrations._serving import (  # noqa: E402
+from triemask.integrations.serving import (  # noqa: E402
     BatchRows,
     CompiledSets,
     Limits,
@@ -107,8 +107,8 @@ def test_a_schema_builds_at_most_a_few_pattern_automata(monkeypatch: pytest.Monk
     """Admission (on the front end's event loop) builds no pattern automaton; the compile
     builds MAX_DISPATCHED_PATTERNS of them at most (each bounded, about 0.15 s) and leaves the
     rest to xgrammar."""
-    from triemask import _regex
-    from triemask._schema import MAX_DISPATCHED_PATTERNS
+    from triemask.schemas.reading import MAX_DISPATCHED_PATTERNS
+    from triemask.sets import regex as _regex
 
     _regex.clear_pattern_cache()
     builds: list[str] = []

@@ -158,7 +158,7 @@ def test_custom_logit_processor_keeps_each_request_in_its_set(sglang) -> None:  
 def test_a_bad_request_is_aborted_alone_inside_the_forward_pass(
     sglang, custom_params, reason, caplog, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
-    from triemask.integrations._serving import CompiledSets
+    from triemask.integrations.serving import CompiledSets
 
     compile_set = CompiledSets._compile
 

@@ -7,8 +7,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from triemask import _trie
-from triemask._trie import build_trie
+from triemask.base import trie as _trie
+from triemask.base.trie import build_trie
 
 
 def _pack(values: list[bytes]) -> tuple[np.ndarray, np.ndarray]:

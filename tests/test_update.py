@@ -22,8 +22,8 @@ from triemask import (
     UpdatedTrieAutomaton,
     ValueSetError,
     Vocabulary,
-    _update,
 )
+from triemask.sets import update as _update
 
 LETTERS = "ab_c"
 values_strategy = st.text(alphabet=LETTERS, min_size=0, max_size=6)

@@ -204,7 +204,7 @@ def _write_gguf(path, model: str, tokens: list[str], types: list[int], eos: int)
 
 
 def test_from_gguf_byte_level_and_sentencepiece(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from triemask._formats import byte_level_decoder
+    from triemask.vocab.readers import byte_level_decoder
 
     to_unicode = {b: c for c, b in byte_level_decoder().items()}
     encode = lambda raw: "".join(to_unicode[b] for b in raw)  # noqa: E731
@@ -231,7 +231,7 @@ def test_from_gguf_byte_level_and_sentencepiece(tmp_path) -> None:  # type: igno
 def test_gguf_reader_agrees_with_the_gguf_package(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import gguf
 
-    from triemask._formats import read_gguf_tokenizer
+    from triemask.vocab.readers import read_gguf_tokenizer
 
     tokens = [f"tok{i}" for i in range(50)]
     _write_gguf(tmp_path / "t.gguf", "llama", tokens, [1] * 50, 7)
@@ -251,7 +251,7 @@ def test_from_tiktoken_and_mistral_errors() -> None:
 
 
 def test_byte_level_alphabet() -> None:
-    from triemask._formats import byte_level_decoder, decode_byte_level
+    from triemask.vocab.readers import byte_level_decoder, decode_byte_level
 
     table = byte_level_decoder()
     assert len(table) == 256 and sorted(table.values()) == list(range(256))

@@ -19,11 +19,10 @@ same lookup over the language's minimal acyclic automaton.
 
 from typing import TYPE_CHECKING
 
-from ._automaton import DEAD, DagAutomaton, TrieAutomaton
-from ._bitmask import allocate_token_bitmask, bitmask_width
-from ._cache import DEFAULT_COMPILE_CACHE_BYTES, CompileCache, default_compile_cache, values_fingerprint
-from ._compile import Compiler
-from ._errors import (
+from ._pickles import keep_old_pickles_loadable
+from ._version import __version__
+from .automata import DEAD, DEFAULT_CACHE_BYTES, DagAutomaton, LazyTrieAutomaton, TrieAutomaton, UpdatedTrieAutomaton
+from .base import (
     ArgumentTypeError,
     AutomatonFileError,
     BitmaskError,
@@ -37,20 +36,22 @@ from ._errors import (
     ValueIndexError,
     ValueSetError,
     VocabularyError,
+    allocate_token_bitmask,
+    bitmask_width,
 )
-from ._lazy import DEFAULT_CACHE_BYTES, LazyTrieAutomaton
-from ._matcher import Matcher
-from ._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher, fill_next_token_bitmasks
-from ._regex import FORMATS
-from ._tools import CompiledTools
-from ._update import UpdatedTrieAutomaton
-from ._version import __version__
-from ._vocabulary import Vocabulary
+from .cache import DEFAULT_COMPILE_CACHE_BYTES, CompileCache, default_compile_cache, values_fingerprint
+from .compiler import Compiler
+from .matcher import Matcher
+from .schemas import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, CompiledTools, SchemaMatcher, fill_next_token_bitmasks
+from .sets import FORMATS
+from .vocab import Vocabulary
 
 if TYPE_CHECKING:  # imported on first use below: they need torch and transformers
     from .app.model import load_default_model as load_default_model
     from .integrations.transformers import choose as choose
     from .integrations.transformers import generate_json as generate_json
+
+keep_old_pickles_loadable()
 
 
 def __getattr__(name: str) -> object:

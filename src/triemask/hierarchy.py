@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._automaton import TrieAutomaton
-from ._compile import Compiler
-from ._errors import ArgumentTypeError, ValueSetError, integer
+from .automata import TrieAutomaton
+from .base import ArgumentTypeError, ValueSetError, integer
+from .compiler import Compiler
 
 __all__ = ["Hierarchy", "Shortlist", "recall_at_k"]
 

@@ -14,8 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import Compiler, Matcher, Vocabulary, allocate_token_bitmask
+from ..base import allocate_token_bitmask
+from ..compiler import Compiler
 from ..datasets import LABEL_SETS, synthetic_tools
+from ..matcher import Matcher
+from ..vocab import Vocabulary
 
 QWEN_VOCAB_SIZE = 151936  # Qwen2 / 2.5 models' logits width
 

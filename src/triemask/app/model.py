@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .._storage import cache_directory
+from ..base import cache_directory
 
 __all__ = ["DEFAULT_MODEL", "load_default_model"]
 

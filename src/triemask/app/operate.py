@@ -20,11 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import AutomatonFileError, CompiledSchema, Compiler, TrieAutomaton, TriemaskError, Vocabulary
-from .._automaton import restore_stored
-from .._mixed import stored_field_automaton
-from .._storage import cache_directory
-from .._storage import read as read_file
+from ..automata import TrieAutomaton, restore_stored
+from ..base import AutomatonFileError, TriemaskError, cache_directory
+from ..base import read as read_file
+from ..compiler import Compiler
+from ..schemas import CompiledSchema, stored_field_automaton
+from ..vocab import Vocabulary
 
 FILE_KINDS = ("trie", "dag", "lazy", "token_index", "schema", "tools")
 QWEN_VOCAB_SIZE = 151936  # Qwen2 / 2.5 models' logits width

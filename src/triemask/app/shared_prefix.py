@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from .._automaton import TrieAutomaton
+from ..automata import TrieAutomaton
 from ..integrations.transformers import TrieLogitsProcessor, compiler_for, model_eos_token_ids
 
 

@@ -38,29 +38,24 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from .._automaton import TrieAutomaton
-from .._compile import Compiler
-from .._errors import MemoryLimitError
-from .._matcher import Matcher
-from .._mixed import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, SchemaMatcher
-from .._regex import dag_of_pattern
-from .._schema import TOO_DEEP, dispatch, load_schema, structure_cost
-from ._serving import (
-    FORMAT_ARG,
-    REGEX_ARG,
-    SET_ARG,
-    VALUES_ARG,
-    CompiledSets,
-    Limits,
-    Row,
-    catch_up_rows,
-    compile_registered,
-    hf_vocabulary,
-    literal_alternatives,
-    mask_rows,
-    requested_pattern,
-    requested_values,
+from ..automata import TrieAutomaton
+from ..base import MemoryLimitError
+from ..compiler import Compiler
+from ..matcher import Matcher
+from ..schemas import (
+    DEFAULT_MIN_ENUM_VALUES,
+    TOO_DEEP,
+    CompiledSchema,
+    SchemaMatcher,
+    dispatch,
+    load_schema,
+    structure_cost,
 )
+from ..sets import dag_of_pattern
+from .serving.compiled_sets import CompiledSets, compile_registered, hf_vocabulary
+from .serving.limits import FORMAT_ARG, REGEX_ARG, SET_ARG, VALUES_ARG, Limits
+from .serving.requests import literal_alternatives, requested_pattern, requested_values
+from .serving.rows import Row, catch_up_rows, mask_rows
 
 try:
     import torch

@@ -23,9 +23,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from .._automaton import DEAD, TrieAutomaton
-from .._errors import ArgumentTypeError, BitmaskError, StateError
-from .._lazy import LazyTrieAutomaton
+from ..automata import DEAD, LazyTrieAutomaton, TrieAutomaton
+from ..base import ArgumentTypeError, BitmaskError, StateError
 
 try:
     import torch

@@ -21,12 +21,12 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._automaton import DEAD, DagAutomaton, TrieAutomaton
-from .._cache import default_compile_cache
-from .._compile import Compiler
-from .._errors import ArgumentTypeError, BitmaskError, StateError, VocabularyError
-from .._mixed import CompiledSchema, SchemaMatcher, allowed_token_rows
-from .._vocabulary import Vocabulary
+from ..automata import DEAD, DagAutomaton, TrieAutomaton
+from ..base import ArgumentTypeError, BitmaskError, StateError, VocabularyError
+from ..cache import default_compile_cache
+from ..compiler import Compiler
+from ..schemas import CompiledSchema, SchemaMatcher, allowed_token_rows
+from ..vocab import Vocabulary
 
 try:
     import torch

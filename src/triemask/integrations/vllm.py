@@ -31,7 +31,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ._serving import BatchRows, SlotStates, compile_registered, compiled_sets_for_model, validate_request
+from .serving.compiled_sets import compile_registered, compiled_sets_for_model
+from .serving.requests import validate_request
+from .serving.rows import BatchRows, SlotStates
 
 try:
     from vllm.v1.sample.logits_processor import LogitsProcessor as _V1LogitsProcessor

@@ -1,0 +1,25 @@
+"""The compiled, immutable automata (trie, DAG, lazy, updated) and the interface they share:
+lookups, fills, stats, files. Imports ``base`` and ``vocab``."""
+
+from .core import DEAD, AutomatonMeta
+from .dag import DagAutomaton
+from .lazy import DEFAULT_CACHE_BYTES, LAZY_BLOCK, LAZY_DEAD, LAZY_TERMINAL, LazyTrieAutomaton
+from .trie import TrieAutomaton, automaton_from_bytes, native_kernel, restore_parts, restore_stored
+from .updated import UpdatedTrieAutomaton
+
+__all__ = [
+    "DEAD",
+    "DEFAULT_CACHE_BYTES",
+    "LAZY_BLOCK",
+    "LAZY_DEAD",
+    "LAZY_TERMINAL",
+    "AutomatonMeta",
+    "DagAutomaton",
+    "LazyTrieAutomaton",
+    "TrieAutomaton",
+    "UpdatedTrieAutomaton",
+    "automaton_from_bytes",
+    "native_kernel",
+    "restore_parts",
+    "restore_stored",
+]

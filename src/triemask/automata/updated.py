@@ -1,0 +1,365 @@
+"""UpdatedTrieAutomaton: a base automaton, tombstones and a delta automaton merged at lookup."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any, cast
+
+import numpy as np
+import numpy.typing as npt
+
+from ..base import ArgumentTypeError, StateError, ValueIndexError, as_bitmask_array, values_fingerprint
+from .core import DEAD, set_bits, state_index
+from .trie import TrieAutomaton
+
+_EMPTY: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
+_EMPTY.flags.writeable = False
+
+
+class UpdatedTrieAutomaton(TrieAutomaton):
+    """A :class:`TrieAutomaton` made by :meth:`TrieAutomaton.with_values`: its base, tombstones
+    for the removed values and a delta automaton of the added ones, merged at lookup (see
+    the module :mod:`triemask._update`). The same masks as a full recompile of the new set;
+    other state numbers (a pair of the parts' states). Immutable; :meth:`compacted`
+    recompiles it into a plain automaton, and saving or pickling saves that."""
+
+    __slots__ = (
+        "_added",
+        "_base",
+        "_compact",
+        "_compact_lock",
+        "_delta",
+        "_order",
+        "_override_nodes",
+        "_overrides",
+        "_recompiler",
+        "_removed",
+        "_removed_values",
+        "_span",
+    )
+
+    def __init__(
+        self,
+        base: TrieAutomaton,
+        delta: TrieAutomaton | None,
+        overrides: dict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]],
+        removed_indices: npt.NDArray[np.int64],
+        removed_values: set[Any],
+        added: Sequence[Any],
+        compiler: Any,
+    ) -> None:
+        self._base, self._delta, self._overrides = base, delta, overrides
+        self._override_nodes = np.fromiter(sorted(overrides), dtype=np.int64, count=len(overrides))
+        self._removed, self._removed_values, self._added = removed_indices, frozenset(removed_values), tuple(added)
+        self._recompiler = compiler  # compacted() recompiles with it
+        self._compiler = weakref.ref(compiler)
+        self._span = delta.num_states + 1 if delta is not None else 1  # delta states + DEAD
+        self._num_nodes = base.num_nodes
+        self._num_values = base.num_values - len(removed_indices) + len(added)
+        self._meta, self._width, self._level_offsets = base._meta, base._width, base._level_offsets
+        self._set_fingerprint = None
+        self._kernel = None
+        self._order: list[Any] | None = None  # the merged sorted values, made on first use
+        self._compact: TrieAutomaton | None = None
+        self._compact_lock = threading.Lock()
+
+    def parts(self) -> tuple[TrieAutomaton, frozenset[Any], frozenset[Any]]:
+        """The base automaton, the values added to it and the values removed from it."""
+        return self._base, frozenset(self._added), self._removed_values
+
+    # ------------------------------------------------------------------ states
+
+    def _split(self, state: Any) -> tuple[int, int]:
+        state = state_index(state)
+        if not -1 <= state < self.num_states:
+            raise StateError(
+                f"state {state!r} is not a state of this automaton (DEAD or 0 <= state < {self.num_states})"
+            )
+        base_code, delta_code = divmod(state + 1, self._span)
+        return base_code - 1, delta_code - 1
+
+    def _join(self, base: int, delta: int) -> int:
+        return (base + 1) * self._span + delta
+
+    def _split_many(self, states: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
+        """The parts' states of a batch of valid states (int64), or None when the batch is not
+        a 1-D integer array of states (then the per-row path raises the typed error)."""
+        given = np.asarray(states)
+        if given.ndim != 1 or given.dtype.kind not in "iu" or given.size == 0:
+            return None
+        if int(given.min()) < -1 or int(given.max()) >= self.num_states:
+            return None
+        code = given.astype(np.int64) + 1
+        return code // self._span - 1, code % self._span - 1
+
+    def _plain(self, base: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+        """Which base states are live nodes the removals left as they were."""
+        rewritten = self._override_nodes
+        if not len(rewritten):
+            return base >= 0
+        at = np.minimum(np.searchsorted(rewritten, base), len(rewritten) - 1)  # (isin sorts: slower here)
+        plain: npt.NDArray[np.bool_] = (base >= 0) & (rewritten[at] != base)
+        return plain
+
+    @property
+    def initial_state(self) -> int:
+        return self._join(0, 0 if self._delta is not None else -1)
+
+    @property
+    def num_states(self) -> int:
+        """The size of the state id space (pairs of the parts' states; not all reachable)."""
+        return (self._base.num_states + 1) * self._span - 1
+
+    @property
+    def num_values(self) -> int:
+        return self._num_values
+
+    @property
+    def memory_bytes(self) -> int:
+        """The base's arrays (shared with it), the delta's and the rewritten edges."""
+        own = sum(t.nbytes + d.nbytes for t, d in self._overrides.values()) + self._removed.nbytes
+        return self._base.memory_bytes + own + (self._delta.memory_bytes if self._delta is not None else 0)
+
+    @property
+    def accepting_nodes(self) -> npt.NDArray[np.int32]:
+        raise ArgumentTypeError("an updated automaton's states are pairs: call compacted() for accepting_nodes")
+
+    def allowed_token_ids(self, state: int) -> npt.NDArray[np.int32]:
+        """Ids of the tokens allowed in ``state``, ascending (read-only)."""
+        base, delta = self._split(state)
+        parts: list[npt.NDArray[np.int32]] = []
+        if base >= 0:
+            override = self._overrides.get(base)
+            parts.append(override[0] if override is not None else self._base.allowed_token_ids(base))
+        if delta >= 0 and self._delta is not None:
+            parts.append(self._delta.allowed_token_ids(delta))
+        if len(parts) < 2:
+            return parts[0] if parts else _EMPTY
+        return np.union1d(parts[0], parts[1]).astype(np.int32)
+
+    def _next_state_reference(self, state: int, token_id: int) -> int:
+        base, delta = self._split(state)
+        token_id = state_index(token_id, "token ids")
+        following_base = self._next_base(base, token_id) if base >= 0 else DEAD
+        following_delta = self._delta.next_state(delta, token_id) if delta >= 0 and self._delta is not None else DEAD
+        if following_base == DEAD and following_delta == DEAD:
+            return DEAD
+        return self._join(following_base, following_delta)
+
+    def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
+        """Vectorised :meth:`next_state`: one batch call per part (the rows at rewritten
+        nodes one by one). States are pairs: past 2**31 of them the result is int64."""
+        split = self._split_many(states)
+        tokens = np.asarray(token_ids)
+        if split is None or tokens.shape != split[0].shape or tokens.dtype.kind not in "iu" or int(tokens.min()) < 0:
+            pairs = zip(np.asarray(states).tolist(), tokens.tolist(), strict=True)
+            found = np.asarray([self.next_state(s, t) for s, t in pairs], dtype=np.int64)
+        else:
+            base, delta = split
+            tokens = tokens.astype(np.int64)
+            after_base = np.full(len(base), DEAD, dtype=np.int64)
+            plain = self._plain(base)
+            after_base[plain] = self._base.next_states(base[plain], tokens[plain])
+            for i in np.flatnonzero((base >= 0) & ~plain).tolist():
+                after_base[i] = self._next_base(int(base[i]), int(tokens[i]))
+            after_delta = np.full(len(base), DEAD, dtype=np.int64)
+            if self._delta is not None:
+                live = delta >= 0
+                after_delta[live] = self._delta.next_states(delta[live], tokens[live])
+            joined = (after_base + 1) * self._span + after_delta
+            found = np.where((after_base == DEAD) & (after_delta == DEAD), DEAD, joined)
+        return cast(npt.NDArray[np.int32], found.astype(np.int32) if self.num_states < 1 << 31 else found)
+
+    def allowed_token_pairs(
+        self, states: Sequence[int] | npt.NDArray[np.integer[Any]]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+        split = self._split_many(states)
+        if split is None:  # per row: the typed errors, and the empty batch
+            found = [self.allowed_token_ids(s) for s in np.asarray(states).tolist()]
+            rows = np.repeat(np.arange(len(found), dtype=np.int64), [len(f) for f in found])
+            return rows, (np.concatenate(found).astype(np.int32) if found else _EMPTY.copy())
+        base, delta = split
+        rows_found: list[npt.NDArray[np.int64]] = []
+        tokens_found: list[npt.NDArray[Any]] = []
+        is_plain = self._plain(base)
+        plain = np.flatnonzero(is_plain)
+        if len(plain):
+            r, t = self._base.allowed_token_pairs(base[plain])
+            rows_found.append(plain[r])
+            tokens_found.append(t)
+        for i in np.flatnonzero((base >= 0) & ~is_plain).tolist():
+            rewritten = self._overrides[int(base[i])][0]
+            rows_found.append(np.full(len(rewritten), i, dtype=np.int64))
+            tokens_found.append(rewritten)
+        live = np.flatnonzero(delta >= 0)
+        if len(live) and self._delta is not None:
+            r, t = self._delta.allowed_token_pairs(delta[live])
+            rows_found.append(live[r])
+            tokens_found.append(t)
+        if not rows_found:
+            return np.zeros(0, dtype=np.int64), _EMPTY.copy()
+        stride = 32 * self._width  # one key per (row, token): sorted, then deduplicated
+        keys = np.sort(np.concatenate(rows_found) * stride + np.concatenate(tokens_found).astype(np.int64))
+        keys = keys[np.concatenate(([True], keys[1:] != keys[:-1]))]
+        return keys // stride, (keys % stride).astype(np.int32)
+
+    def _next_base(self, base: int, token_id: int) -> int:
+        """The base part's state after ``token_id`` from live node ``base``."""
+        override = self._overrides.get(base)
+        if override is None:
+            return self._base.next_state(base, token_id)
+        i = int(np.searchsorted(override[0], token_id))
+        return int(override[1][i]) if i < len(override[0]) and override[0][i] == token_id else DEAD
+
+    def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
+        base, delta = self._split(state)
+        override = self._overrides.get(base) if base >= 0 else None
+        if base >= 0 and override is None:
+            self._base.fill_row(row[None, :], base)  # the base's own (C) fill
+        else:
+            row.fill(0)
+            if override is not None:
+                set_bits(row, override[0] >> 5, override[0])
+        if delta >= 0 and self._delta is not None:  # OR in the delta's row (its own C fill)
+            extra = np.empty((1, len(row)), dtype=np.int32)
+            self._delta.fill_row(extra, delta)
+            row |= extra[0]
+
+    def fill_row(self, bitmask: Any, state: int, row: int = 0) -> None:
+        array = (
+            bitmask
+            if type(bitmask) is np.ndarray and bitmask.ndim == 2
+            else as_bitmask_array(bitmask, self._meta.vocab_size)
+        )
+        if array.dtype != np.int32 or array.shape[1:] != (self._width,) or not array.flags.c_contiguous:
+            array = as_bitmask_array(bitmask, self._meta.vocab_size)
+        row = state_index(row, "rows")
+        if not 0 <= row < array.shape[0]:
+            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
+        self._fill_row(array[row], state)
+
+    def _fill_bitmask_reference(self, bitmask: Any, states: Any, *, rows: npt.ArrayLike | None = None) -> None:
+        array = as_bitmask_array(bitmask, self._meta.vocab_size)
+        split = self._split_many(states)
+        values: list[int] = []
+        if split is None:  # per row: every state checked (the typed error) before any row is written
+            values = [state_index(s) for s in (states.tolist() if isinstance(states, np.ndarray) else list(states))]
+            for state in values:
+                self._split(state)
+        count = len(split[0]) if split is not None else len(values)
+        targets = list(range(count)) if rows is None else self._few_rows(rows, count, array.shape[0])
+        if rows is None and count > array.shape[0]:
+            raise StateError(f"{count} states but the bitmask has only {array.shape[0]} rows")
+        if split is None:
+            for target, state in zip(targets, values, strict=True):
+                self._fill_row(array[target], state)
+            return
+        base, delta = split
+        at = np.asarray(targets, dtype=np.int64)
+        plain = self._plain(base)
+        if plain.any():  # the base's own batch fill for the rows it answers alone
+            self._base.fill_bitmask(array, base[plain], rows=at[plain])
+        for i in np.flatnonzero(~plain).tolist():  # DEAD or a rewritten node
+            row = array[at[i]]
+            row.fill(0)
+            if base[i] >= 0:
+                rewritten = self._overrides[int(base[i])][0]
+                set_bits(row, rewritten >> 5, rewritten)
+        live = np.flatnonzero(delta >= 0)
+        if len(live) and self._delta is not None:  # OR in the delta's tokens: few, set bit by bit
+            r, t = self._delta.allowed_token_pairs(delta[live])
+            np.bitwise_or.at(
+                array.view(np.uint32), (at[live][r], t >> 5), np.left_shift(np.uint32(1), (t & 31).astype(np.uint32))
+            )
+
+    # ------------------------------------------------------------------ values
+
+    def _value_of_parts(self, state: int) -> Any:
+        base, delta = self._split(state)
+        if base >= 0:
+            index = self._base.value_index(base)
+            if index is not None and not self._removed_index(index):
+                return self._base.value(index)
+        if delta >= 0 and self._delta is not None:
+            return self._delta.value_of(delta)
+        return None
+
+    def _removed_index(self, index: int) -> bool:
+        i = int(np.searchsorted(self._removed, index))
+        return i < len(self._removed) and int(self._removed[i]) == index
+
+    def is_accepting(self, state: int) -> bool:
+        return self._value_of_parts(state) is not None
+
+    def is_final(self, state: int) -> bool:
+        base, delta = self._split(state)
+        if base >= 0 and self._base.is_final(base):
+            return not self._removed_index(base - self._base.num_nodes)
+        return delta >= 0 and self._delta is not None and self._delta.is_final(delta)
+
+    def value_of(self, state: int) -> str | bytes | None:
+        found: str | bytes | None = self._value_of_parts(state)
+        return found
+
+    def values(self) -> list[str | bytes]:
+        with self._compact_lock:
+            if self._order is None:
+                kept = [v for v in self._base.values() if v not in self._removed_values]
+                merged = sorted(kept + list(self._added), key=lambda v: v.encode() if isinstance(v, str) else v)
+                self._order = merged
+            return list(self._order)
+
+    def value(self, index: int) -> str | bytes:
+        index = state_index(index, "value indices")
+        if not 0 <= index < self._num_values:
+            raise ValueIndexError(f"value index {index} is outside [0, {self._num_values})")
+        return self.values()[index]
+
+    @property
+    def set_fingerprint(self) -> str:
+        if self._set_fingerprint is None:
+            values: Any = self.values()
+            self._set_fingerprint = values_fingerprint(values)
+        return self._set_fingerprint
+
+    # ------------------------------------------------------------------ compaction
+
+    def compacted(self) -> TrieAutomaton:
+        """The same set recompiled into a plain automaton (states renumbered; made once)."""
+        if self._compact is None:
+            values: Any = self.values()  # (takes the lock itself)
+            with self._compact_lock:
+                if self._compact is None:
+                    self._compact = self._recompiler.compile(values, eos=self._meta.eos)
+        return self._compact
+
+    def edge_arrays(self) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+        raise ArgumentTypeError("an updated automaton merges its parts at lookup: call compacted() for edge arrays")
+
+    def file_parts(self) -> tuple[str, dict[str, Any], dict[str, npt.NDArray[Any]]]:
+        """Those of :meth:`compacted`: saving or pickling stores a plain automaton (its
+        states renumbered)."""
+        return self.compacted().file_parts()
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "layout": "updated",
+            "values": self._num_values,
+            "base_values": self._base.num_values,
+            "added": len(self._added),
+            "removed": len(self._removed),
+            "rewritten_nodes": len(self._overrides),
+            "states": self.num_states,
+            "memory_bytes": self.memory_bytes,
+            "eos": self._meta.eos,
+            "vocab_size": self._meta.vocab_size,
+            "vocab_fingerprint": self._meta.vocab_fingerprint,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"UpdatedTrieAutomaton(values={self._num_values}, base_values={self._base.num_values}, "
+            f"added={len(self._added)}, removed={len(self._removed)}, eos={self._meta.eos})"
+        )

@@ -1,0 +1,151 @@
+/*
+ * triemask._native: the per-step and batch loops of TrieAutomaton in C.
+ *
+ * A Kernel holds read-only views (the buffer protocol, no NumPy headers) of one
+ * automaton's CSR arrays and answers the hot calls:
+ *
+ *   next(state, token)            -> int, or None when the arguments need Python's checks
+ *   fill(bitmask, row, state)     -> True, or None (same)
+ *   fill_batch(bitmask, states, rows) -> True, or None (same); the GIL is released
+ *   next_batch(states, tokens, out)   -> True, or None (same); the GIL is released
+ *
+ * (states, rows and tokens: lists or tuples of exact ints, or int64 arrays)
+ *
+ * "None" never means "not allowed": it hands the call back to the NumPy reference
+ * implementation, which raises the typed error (a bool, a numpy scalar, a torch tensor,
+ * a state outside the automaton, a buffer of the wrong shape). The C side only takes
+ * exact Python ints and int32 / int64 C-contiguous buffers it has checked itself, so a
+ * call either does what the reference does or defers to it. Every array the kernel
+ * indexes is range-checked once when the Kernel is built.
+ *
+ * States: 0 .. num_nodes - 1 are nodes, num_nodes .. num_states - 1 final states, -1
+ * DEAD; final and DEAD allow nothing.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One extension, built as a unity of the files below (in this order: each uses what the ones
+ * before it define). Each opens with what it holds:
+ *
+ *   kernel.c        the Kernel and Lazy types' data, building a Kernel from an automaton's arrays
+ *   lazy_cache.c    the lazy layout's byte-bounded LRU of computed node edges
+ *   step_fill.c     a node's edges, next / fill / fill_batch / next_batch / pairs
+ *   compile.c       the token index's tables and matching a value trie against the vocabulary
+ *   tries.c         sorting values and building byte tries; the token index's hash
+ *   python_types.c  MatcherCore and AutomatonCore, the C base classes of Matcher and automata
+ *   lazy_kernels.c  the lazy layout's Kernel: edges, spelling values, cache controls
+ *   checks.c        the file format's checksum and the check that stored edges spell the values
+ */
+#include "csrc/kernel.c"
+#include "csrc/lazy_cache.c"
+#include "csrc/step_fill.c"
+#include "csrc/compile.c"
+#include "csrc/tries.c"
+#include "csrc/python_types.c"
+#include "csrc/lazy_kernels.c"
+#include "csrc/checks.c"
+
+/* ------------------------------------------------------------------ the module */
+
+static PyMethodDef module_methods[] = {
+    {"enable_ndarray_headers", enable_ndarray_headers, METH_VARARGS,
+     "Check the mirror of NumPy's array header on three probes; read headers directly if it holds."},
+    {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
+    {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
+    {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
+    {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask._lazy)."},
+    {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask._storage.checksum)."},
+    {"spelled_edges", spelled_edges, METH_VARARGS,
+     "The first edge whose token does not spell its path, or -1 (see _automaton.first_misspelled_edge)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMethodDef Kernel_methods[] = {
+    {"next", (PyCFunction)(void (*)(void))Kernel_next, METH_FASTCALL,
+     "next(state, token) -> next state (-1: not allowed), or None to defer to Python's checks"},
+    {"fill", (PyCFunction)(void (*)(void))Kernel_fill, METH_FASTCALL,
+     "fill(bitmask, row, state) -> True, or None to defer to Python's checks"},
+    {"fill_batch", (PyCFunction)(void (*)(void))Kernel_fill_batch, METH_FASTCALL,
+     "fill_batch(bitmask, states, rows_or_None) -> True, or None to defer (lists of ints or int64 arrays)"},
+    {"next_batch", (PyCFunction)(void (*)(void))Kernel_next_batch, METH_FASTCALL,
+     "next_batch(states, tokens, out_int32) -> True, or None to defer (lists of ints or int64 arrays)"},
+    {"pairs", (PyCFunction)(void (*)(void))Kernel_pairs, METH_FASTCALL,
+     "pairs(states) -> (rows int64, tokens int32) bytearrays of every allowed pair, or None to defer"},
+    {"edges", (PyCFunction)(void (*)(void))Kernel_edges, METH_FASTCALL,
+     "edges(node) -> (tokens int32, dests int32) bytearrays of one node's edges, or None to defer"},
+    {"spell", (PyCFunction)(void (*)(void))Kernel_spell, METH_FASTCALL,
+     "spell(node) -> the bytes of a lazy trie's node, or None to defer"},
+    {"cache_info", (PyCFunction)Kernel_cache_info, METH_NOARGS, "The lazy cache's counters (None when eager)."},
+    {"cache_clear", (PyCFunction)Kernel_cache_clear, METH_NOARGS, "Drop the lazy cache's rows."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject KernelType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "triemask._native.Kernel",
+    .tp_basicsize = sizeof(Kernel),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Read-only views of one automaton's arrays, with the per-step and batch loops.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Kernel_init,
+    .tp_dealloc = (destructor)Kernel_dealloc,
+    .tp_methods = Kernel_methods,
+};
+
+static struct PyModuleDef native_module = {
+    PyModuleDef_HEAD_INIT, "triemask._native",
+    "C loops for triemask's per-step, batch and compile paths (the NumPy code is the reference).", -1,
+    module_methods, NULL, NULL, NULL, NULL,
+};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&TablesType) < 0 || PyType_Ready(&MatcherCoreType) < 0 ||
+        PyType_Ready(&AutomatonCoreType) < 0) {
+        return NULL;
+    }
+    str_next_reference = PyUnicode_InternFromString("_next_state_reference");
+    str_fill_bitmask_reference = PyUnicode_InternFromString("_fill_bitmask_reference");
+    str_rows = PyUnicode_InternFromString("rows");
+    if (str_next_reference == NULL || str_fill_bitmask_reference == NULL || str_rows == NULL) {
+        return NULL;
+    }
+    str_append = PyUnicode_InternFromString("append");
+    str_accept_reference = PyUnicode_InternFromString("_accept_token_reference");
+    str_fill_reference = PyUnicode_InternFromString("_fill_reference");
+    if (str_append == NULL || str_accept_reference == NULL || str_fill_reference == NULL) {
+        return NULL;
+    }
+    PyObject *module = PyModule_Create(&native_module);
+    if (module == NULL) {
+        return NULL;
+    }
+    Py_INCREF(&KernelType);
+    if (PyModule_AddObject(module, "Kernel", (PyObject *)&KernelType) < 0) {
+        Py_DECREF(&KernelType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&MatcherCoreType);
+    if (PyModule_AddObject(module, "MatcherCore", (PyObject *)&MatcherCoreType) < 0) {
+        Py_DECREF(&MatcherCoreType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&AutomatonCoreType);
+    if (PyModule_AddObject(module, "AutomatonCore", (PyObject *)&AutomatonCoreType) < 0) {
+        Py_DECREF(&AutomatonCoreType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&TablesType);
+    if (PyModule_AddObject(module, "Tables", (PyObject *)&TablesType) < 0) {
+        Py_DECREF(&TablesType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

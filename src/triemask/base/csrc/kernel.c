@@ -1,0 +1,230 @@
+
+/* The lazy layout (TrieAutomaton compiled with layout="lazy"): no edges are stored. A node's
+ * edges are found on first use by walking its subtrie together with the vocabulary's forward
+ * token trie (a token is allowed exactly when its bytes spell a path down from the node), and
+ * kept in a byte-bounded LRU cache; the whole row too for nodes allowing half a row's worth of
+ * tokens. The value trie is stored as one uint16 word per node (child count, terminal flag,
+ * dead-end flag) and its byte, with first-child ids and terminal ranks sampled every 64 nodes.
+ * The cache is only touched with the GIL held, which makes it thread-safe. */
+#define LAZY_COUNT 0x1FFu     /* bits 0-8: number of children (0..256) */
+#define LAZY_DEAD 0x4000u     /* no token sequence completes a value from here: no edge leads in */
+#define LAZY_TERMINAL 0x8000u /* a value ends here */
+#define NO_MEMORY INT32_MIN   /* next_of's answer when a lazy node's edges could not be built */
+
+typedef struct Entry {
+    struct Entry *newer, *older; /* the LRU list */
+    struct Entry *chain;         /* the hash bucket's list */
+    size_t bytes;
+    uint32_t *row; /* the whole row, for wide nodes, else NULL */
+    int32_t node, count;
+    int32_t data[]; /* tokens[count] ascending, then dests[count], then the row */
+} Entry;
+
+typedef struct {
+    Py_buffer views[9];
+    int held;
+    const uint8_t *node_byte;
+    const uint16_t *node_word;
+    const int32_t *child_blocks, *terminal_blocks, *terminal_values;
+    const int32_t *tok_children, *tok_offsets, *tok_ids; /* the forward token trie */
+    const uint8_t *tok_byte;
+    int32_t *eos;
+    Py_ssize_t n_eos;
+    Entry **buckets;
+    int bucket_bits;
+    size_t entries, bytes, limit;
+    Entry *newest, *oldest, *transient; /* transient: a row larger than the bound, kept for one call */
+    unsigned long long hits, misses, evictions;
+    uint64_t *keys; /* scratch of a miss */
+    size_t keys_cap;
+    int32_t *stack;
+    size_t stack_cap;
+} Lazy;
+
+typedef struct {
+    PyObject_HEAD
+    Py_buffer edge_offsets; /* int32, num_nodes + 2 */
+    Py_buffer edge_tokens;  /* int32 */
+    Py_buffer edge_dests;   /* int32 */
+    Py_buffer dense_nodes;  /* int32, ascending: the nodes stored as whole rows */
+    Py_buffer dense_rows;   /* int32, one row of `width` words per dense node */
+    int held;               /* how many of the buffers above are held */
+    int64_t num_nodes;
+    int64_t num_states;
+    Py_ssize_t width;
+    int64_t dense_min;      /* only a node with at least this many edges can be dense */
+    Lazy *lazy;             /* the lazy layout (the buffers above unused), or NULL */
+} Kernel;
+
+static PyTypeObject KernelType;
+
+static int get_array(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const char *name) {
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        return -1;
+    }
+    if (view->ndim != 1 || view->itemsize != itemsize) {
+        PyErr_Format(PyExc_ValueError, "%s must be a 1-D array of %zd-byte integers", name, itemsize);
+        PyBuffer_Release(view);
+        return -1;
+    }
+    return 0;
+}
+
+static void lazy_free(Lazy *z) {
+    if (z == NULL) {
+        return;
+    }
+    for (Entry *e = z->newest; e != NULL;) {
+        Entry *older = e->older;
+        free(e);
+        e = older;
+    }
+    free(z->transient);
+    free(z->buckets);
+    free(z->keys);
+    free(z->stack);
+    for (int i = 0; i < z->held; i++) {
+        PyBuffer_Release(&z->views[i]);
+    }
+    PyMem_Free(z);
+}
+
+static void Kernel_dealloc(Kernel *self) {
+    Py_buffer *views[5] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests, &self->dense_nodes,
+                           &self->dense_rows};
+    for (int i = 0; i < self->held; i++) {
+        PyBuffer_Release(views[i]);
+    }
+    lazy_free(self->lazy);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Kernel_init(Kernel *self, PyObject *args, PyObject *kwds) {
+    PyObject *objs[5];
+    long long num_nodes, num_states, dense_min;
+    Py_ssize_t width;
+    if (self->held || self->lazy) {
+        PyErr_SetString(PyExc_RuntimeError, "Kernel is already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOOLLnL", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &num_nodes,
+                          &num_states, &width, &dense_min)) {
+        return -1;
+    }
+    Py_buffer *views[5] = {&self->edge_offsets, &self->edge_tokens, &self->edge_dests, &self->dense_nodes,
+                           &self->dense_rows};
+    static const char *names[5] = {"edge_offsets", "edge_tokens", "edge_dests", "dense_nodes", "dense_rows"};
+    for (int i = 0; i < 5; i++) {
+        if (get_array(objs[i], views[i], 4, names[i]) < 0) {
+            return -1;
+        }
+        self->held = i + 1;
+    }
+    if (num_nodes < 0 || num_states < num_nodes || width < 1 || width > ((int64_t)1 << 26) ||
+        self->edge_offsets.shape[0] != num_nodes + 2 || self->edge_tokens.shape[0] != self->edge_dests.shape[0]) {
+        PyErr_SetString(PyExc_ValueError, "inconsistent automaton arrays");
+        return -1;
+    }
+    /* Every offset, token and destination is checked once here, so that no later call can
+       read or write out of bounds whatever the arrays hold. */
+    const int32_t *eo = (const int32_t *)self->edge_offsets.buf;
+    const int32_t *tokens = (const int32_t *)self->edge_tokens.buf;
+    const int32_t *dests = (const int32_t *)self->edge_dests.buf;
+    Py_ssize_t edges = self->edge_tokens.shape[0];
+    int bad = eo[0] != 0;
+    uint64_t limit = 32 * (uint64_t)width; /* a token's bit lies in the row */
+    /* without the GIL: a file's checksums are verified on other threads meanwhile */
+    Py_BEGIN_ALLOW_THREADS
+    /* bitwise, branch-free checks: the compiler vectorises them */
+    for (int64_t i = 1; i < num_nodes + 2; i++) {
+        bad |= (eo[i] < eo[i - 1]) | (eo[i] > edges);
+    }
+    /* as unsigned 32-bit values a negative id is >= 2**31, so bounds above that are clamped to it */
+    uint32_t states_bound = num_states > INT32_MAX ? (uint32_t)INT32_MAX + 1 : (uint32_t)num_states;
+    uint32_t token_bound = limit > INT32_MAX ? (uint32_t)INT32_MAX + 1 : (uint32_t)limit;
+    uint32_t over = 0;
+    for (Py_ssize_t i = 0; i < edges; i++) {
+        over |= ((uint32_t)dests[i] >= states_bound) | ((uint32_t)tokens[i] >= token_bound);
+    }
+    bad |= over != 0;
+    Py_END_ALLOW_THREADS
+    const int32_t *dense = (const int32_t *)self->dense_nodes.buf;
+    Py_ssize_t n_dense = self->dense_nodes.shape[0];
+    bad |= dense_min < 1 || self->dense_rows.shape[0] != (Py_ssize_t)n_dense * width;
+    for (Py_ssize_t i = 0; i < n_dense; i++) {
+        bad |= dense[i] < 0 || dense[i] >= num_nodes || (i > 0 && dense[i] <= dense[i - 1]);
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "automaton offsets, tokens, destinations or dense rows out of range");
+        return -1;
+    }
+    self->dense_min = dense_min;
+    self->num_nodes = num_nodes;
+    self->num_states = num_states;
+    self->width = width;
+    return 0;
+}
+
+/* The state as a C integer when it is an exact int (bools and numpy scalars go to Python). */
+static int exact_int(PyObject *obj, int64_t *out) {
+    if (!PyLong_CheckExact(obj)) {
+        return 0;
+    }
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (value == -1 && PyErr_Occurred())) {
+        PyErr_Clear();
+        return 0;
+    }
+    *out = (int64_t)value;
+    return 1;
+}
+
+/* Sort a node's edge keys ascending (keys are distinct): insertion sort for the few edges
+ * most nodes have, quicksort with median-of-three pivots above, no comparator calls. */
+static void sort_keys(uint64_t *a, int64_t n) {
+    while (n > 24) {
+        uint64_t x = a[0], y = a[n / 2], z = a[n - 1];
+        uint64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        int64_t i = 0, j = n - 1;
+        for (;;) {
+            while (a[i] < pivot) {
+                i++;
+            }
+            while (a[j] > pivot) {
+                j--;
+            }
+            if (i >= j) {
+                break;
+            }
+            uint64_t swap = a[i];
+            a[i++] = a[j], a[j--] = swap;
+        }
+        /* recurse into the smaller part, loop on the larger: the stack stays logarithmic */
+        if (j + 1 < n - j - 1) {
+            sort_keys(a, j + 1);
+            a += j + 1, n -= j + 1;
+        } else {
+            sort_keys(a + j + 1, n - j - 1);
+            n = j + 1;
+        }
+    }
+    for (int64_t i = 1; i < n; i++) {
+        uint64_t key = a[i];
+        int64_t j = i - 1;
+        while (j >= 0 && a[j] > key) {
+            a[j + 1] = a[j];
+            j--;
+        }
+        a[j + 1] = key;
+    }
+}
+
+/* A new bytearray of `size` bytes (none when size <= 0) and its data, or NULL with an error set. */
+static PyObject *new_bytes(Py_ssize_t size, char **data) {
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, size > 0 ? size : 0);
+    if (out != NULL) {
+        *data = PyByteArray_AS_STRING(out);
+    }
+    return out;
+}

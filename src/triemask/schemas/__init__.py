@@ -1,0 +1,28 @@
+"""Mixed JSON schemas and tool lists: reading schemas, vocabulary support, enum fields, the
+compiled schema, its decoding engine and matcher. Imports every layer below."""
+
+from .compiled import CompiledSchema, schema_from_bytes
+from .fields import stored_field_automaton
+from .matcher import SchemaMatcher, allowed_token_rows, fill_next_token_bitmasks
+from .reading import TOO_DEEP, dispatch, load_schema, structure_cost
+from .structure import DEFAULT_MIN_ENUM_VALUES
+from .support import prepare_schemas
+from .tools import DEFAULT_TOOL_CACHE_BYTES, CompiledTools, read_tools
+
+__all__ = [
+    "DEFAULT_MIN_ENUM_VALUES",
+    "DEFAULT_TOOL_CACHE_BYTES",
+    "TOO_DEEP",
+    "CompiledSchema",
+    "CompiledTools",
+    "SchemaMatcher",
+    "allowed_token_rows",
+    "dispatch",
+    "fill_next_token_bitmasks",
+    "load_schema",
+    "prepare_schemas",
+    "read_tools",
+    "schema_from_bytes",
+    "stored_field_automaton",
+    "structure_cost",
+]

@@ -1,0 +1,417 @@
+"""Mixed schemas: enum fields in tries, the JSON structure in xgrammar.
+
+Design (docs/design.md, "Mixed schemas"). Each enum site of the schema is replaced
+by a const placeholder; xgrammar builds the structural grammar, and in xgrammar's own
+expression arrays the placeholder's literal is swapped for a *sentinel*: byte ``0xFF``
+followed by bytes naming the field. ``0xFF`` is not UTF-8: xgrammar's character classes
+and regexes match only UTF-8 (a free string's ``[^"\\\r\n]`` included), and its EBNF
+literals are code points spelled in UTF-8, so no text the structure's language holds can
+contain it and the sentinel is accepted exactly where a field's value goes
+(:func:`_check_entry_unforgeable` checks the installed xgrammar once per process).
+
+A decoding state is a small set of *configurations*, usually one:
+
+* ``STRUCT``: an xgrammar matcher in the structural grammar;
+* ``ENUM(k, node)``: a node of trie ``k``, and the xgrammar matcher just past
+  sentinel ``k`` (it does not move while the value is spelled, and is where the
+  structure resumes when the value ends).
+
+Matchers are never modified once in a configuration (every step forks; probes
+roll back), so configurations, rollback history and copies share them freely.
+
+A token may span structure and enum bytes (``": "get``, ``_user",``, ``"a", "b``).
+It is cut at the places a value can start (a byte a value of the site starts with,
+after structural bytes ending in ``:``, ``,``, ``[`` or whitespace) and end (a value's
+last byte followed by ``,``, ``}``, ``]`` or whitespace). The pieces (the part after
+a start, the part before an end, the part between) are matched against each trie
+at compile time, by the same linear pass as whole tokens, so at run time:
+
+* the mask of ``STRUCT`` is xgrammar's, plus the tokens entering an enum after a
+  structural prefix ``p``. xgrammar's vocabulary carries one extra token ``p + 0xFF``
+  per such prefix, so the same mask fill says which prefixes an enum can follow;
+  those are confirmed per site with ``accept_string(p + sentinel)``;
+* the mask of ``ENUM`` is the trie's, plus the tokens that complete the value and go
+  on (checked with the structural grammar after the sentinel);
+* when a configuration is ambiguous (a union of an enum and a free string), every
+  reading is kept, so the masks are those of the whole schema's language.
+
+Outputs are strict JSON (RFC 8259) in UTF-8: where xgrammar's language is looser (raw
+control characters in length-bounded strings, the UTF-8 bytes of surrogates), a JSON lexer
+state kept per output removes the tokens that would break it (:class:`Lexical`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from importlib.metadata import version
+from typing import Any, cast
+
+import numpy.typing as npt
+
+from ..base import (
+    ArgumentTypeError,
+    AutomatonFileError,
+    SchemaError,
+    StateError,
+    TriemaskError,
+    integer,
+    kind_class,
+    kinds_of,
+    register_kind,
+    storage,
+)
+from ..sets import SetCompiler
+from ..vocab import Vocabulary
+from .engine import SchemaEngine
+from .fields import (
+    Field,
+    _array_text,
+    _compile_field,
+    _field_tables,
+    _fingerprint,
+    _json_separators,
+    _restore_field,
+    _text_array,
+    field_sentinels,
+)
+from .reading import dispatch, load_schema
+from .structure import DEFAULT_MIN_ENUM_VALUES, _sentinel, _structure_grammar
+from .support import _require_xgrammar, _support
+
+
+class CompiledSchema(SchemaEngine):
+    """A JSON schema compiled for one vocabulary: enum fields as tries, the rest in xgrammar.
+
+    Immutable and shareable across threads and requests; follow one output with
+    ``triemask.Matcher(compiled_schema)``. Built by :meth:`Compiler.compile_json_schema`
+    and :meth:`Compiler.compile_tools`; :meth:`save` writes it to a file (triemask's format)
+    and :meth:`load` maps it back in another process.
+    """
+
+    def __init__(
+        self,
+        compiler: SetCompiler,
+        schema: Any,
+        *,
+        any_whitespace: bool = True,
+        indent: int | None = None,
+        separators: tuple[str, str] | None = None,
+        strict_mode: bool = True,
+        min_enum_values: int = DEFAULT_MIN_ENUM_VALUES,
+    ) -> None:
+        _require_xgrammar()
+        import xgrammar
+
+        started = time.perf_counter()
+        min_enum_values = integer(min_enum_values, "min_enum_values", SchemaError, "a positive integer")
+        if min_enum_values < 1:
+            raise SchemaError(f"min_enum_values must be at least 1, got {min_enum_values}", path="$")
+        self._options: dict[str, Any] = {
+            "any_whitespace": any_whitespace,
+            "indent": indent,
+            "separators": _json_separators(separators),
+            "strict_mode": strict_mode,
+        }
+        self._schema = load_schema(schema)
+        structural, sites = dispatch(self._schema, min_enum_values)
+        self._vocab = compiler.vocab
+        support = _support(self._vocab)
+        self._support = support
+        try:
+            grammar = xgrammar.Grammar.from_json_schema(json.dumps(structural), **self._options)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
+        ebnf = str(grammar)
+        # one trie per distinct value set, one sentinel per trie
+        by_values: dict[Any, int] = {}
+        fields: list[Field] = []
+        width = max(1, (len(sites).bit_length() + 3) // 4)
+        for site in sites:
+            # 1 and True are distinct values; a pattern is its own key
+            key = (tuple(map(type, site.values)), site.values) if site.pattern is None else ("pattern", site.pattern)
+            k = by_values.get(key)
+            if k is None:
+                k = by_values[key] = len(fields)
+                built = _compile_field(compiler, support, (site.path,), site.values, site.pattern)
+                fields.append(replace(built, placeholders=(site.placeholder,), sentinel=_sentinel(k, width)))
+            else:
+                f = fields[k]
+                fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, site.placeholder))
+        self._min_enum_values = min_enum_values
+        self._ebnf = ebnf
+        self._finish(
+            fields, support.grammar_compiler.compile_grammar(_structure_grammar(ebnf, field_sentinels(fields)))
+        )
+        self._compile_seconds = time.perf_counter() - started
+
+    def _finish(self, fields: Sequence[Field], grammar: Any) -> None:
+        """What the fields and the structure's grammar imply (compiled or loaded alike)."""
+        self._fields = tuple(fields)
+        self._grammar = grammar
+        self._crossing: frozenset[int] = frozenset().union(*(f.crossing for f in fields))
+        self._fields_by_prefix: dict[int, list[int]] = {}
+        for k, f in enumerate(fields):
+            for prefix in {*f.enter_masks, *f.middle_by_prefix}:
+                self._fields_by_prefix.setdefault(prefix, []).append(k)
+        self._starts_first = bytes(sorted({c for f in fields for c in f.first}))
+
+    # ------------------------------------------------------------------ public
+
+    @property
+    def vocab_size(self) -> int:
+        """The model's logits width; bitmask rows have ``ceil(vocab_size / 32)`` words."""
+        return self._vocab.vocab_size
+
+    @property
+    def vocab_fingerprint(self) -> str:
+        return self._vocab.fingerprint
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The schema as given (a copy)."""
+        copied: dict[str, Any] = json.loads(json.dumps(self._schema))
+        return copied
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._vocab.eos_token_ids
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the tries, their boundary tables and xgrammar's compiled grammar."""
+        total = int(self._grammar.memory_size_bytes)
+        for f in self._fields:
+            total += f.automaton.memory_bytes + f.accepting.nbytes + f.leaves.nbytes
+            total += f.exit_nodes.nbytes + f.exit_pieces.nbytes + f.exit_values.nbytes
+            total += sum(w.nbytes + b.nbytes for w, b in f.enter_masks.values())
+            total += 64 * (len(f.tails) + len(f.middles) + len(f.crossing))
+        return total
+
+    def stats(self) -> dict[str, Any]:
+        """Which fields went to which engine, their sizes, and the compile time."""
+        return {
+            "trie_fields": [
+                {
+                    "paths": list(f.paths),
+                    "values": f.automaton.num_values,
+                    "trie_nodes": f.automaton.num_nodes,
+                    "pattern": getattr(f.automaton, "pattern", None),
+                    "memory_bytes": f.automaton.memory_bytes,
+                    "compile_seconds": f.compile_seconds,
+                }
+                for f in self._fields
+            ],
+            "structure": {"engine": "xgrammar", "memory_bytes": int(self._grammar.memory_size_bytes)},
+            "options": dict(self._options),
+            "memory_bytes": self.memory_bytes,
+            "compile_seconds": self._compile_seconds,
+        }
+
+    # ------------------------------------------------------------------ files
+
+    _kind = "schema"
+
+    @property
+    def fingerprint(self) -> str:
+        """Fingerprint of what was compiled: the schema (or tool list) and the options."""
+        return _fingerprint(self._kind, self._described(), self._file_options())
+
+    def compiled_from(self, given: Any, **options: Any) -> bool:
+        """Whether this is what compiling ``given`` (a schema, or a tool list for
+        :class:`CompiledTools`) with ``options`` gives: the same JSON and every option equal,
+        defaults included. The compile cache checks a file of its disk tier with it, so that
+        a file under another schema's name never answers."""
+        defaults = {
+            name: parameter.default
+            for name, parameter in inspect.signature(type(self).__init__).parameters.items()
+            if parameter.default is not inspect.Parameter.empty
+        }
+        if options.keys() - defaults.keys():
+            return False
+        resolved = {name: default if options.get(name) is None else options[name] for name, default in defaults.items()}
+        try:
+            resolved["separators"] = _json_separators(resolved["separators"])
+            described = self._described_for(given)
+        except (TriemaskError, TypeError, ValueError, RecursionError):
+            return False
+        return _fingerprint(self._kind, described, resolved) == self.fingerprint
+
+    def _described(self) -> Any:
+        """What the file stores to describe what was compiled (the tool list for tools)."""
+        return self._schema
+
+    @classmethod
+    def _described_for(cls, given: Any) -> Any:
+        """:meth:`_described` of what compiling ``given`` would give."""
+        return load_schema(given)
+
+    def _file_options(self) -> dict[str, Any]:
+        return {**self._options, "min_enum_values": self._min_enum_values}
+
+    def _file_parts(self) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
+        arrays: dict[str, npt.NDArray[Any]] = {
+            "described": _text_array(json.dumps(self._described(), sort_keys=True)),
+            "ebnf": _text_array(self._ebnf),
+            "grammar": _text_array(self._grammar.serialize_json()),
+        }
+        fields = []
+        for k, f in enumerate(self._fields):
+            kind, automaton_meta, automaton_arrays = f.automaton.file_parts()
+            arrays.update({f"f{k}.automaton.{name}": array for name, array in automaton_arrays.items()})
+            arrays.update({f"f{k}.{name}": array for name, array in _field_tables(f).items()})
+            fields.append(
+                {
+                    "paths": list(f.paths),
+                    "placeholders": list(f.placeholders),
+                    "sentinel": f.sentinel.hex(),
+                    "first": f.first.hex(),
+                    "last": f.last.hex(),
+                    "pieces_fingerprint": f.pieces.fingerprint,
+                    "automaton_kind": kind,
+                    "automaton_meta": automaton_meta,
+                    "compile_seconds": f.compile_seconds,
+                }
+            )
+        meta = {
+            "vocab_fingerprint": self._vocab.fingerprint,
+            "options": self._file_options(),
+            "xgrammar_version": version("xgrammar"),
+            "compile_seconds": self._compile_seconds,
+            "fields": fields,
+        }
+        return meta, arrays
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write the compiled schema to ``path`` in triemask's file format (no pickle): the
+        schema, its options, every enum field's automaton and boundary tables, and
+        xgrammar's compiled structure, with the vocabulary's fingerprint, checksummed and
+        written atomically. Load it with :meth:`load`."""
+        meta, arrays = self._file_parts()
+        storage.write(
+            path, self._kind, meta, arrays, vocab_fingerprint=self._vocab.fingerprint, set_fingerprint=self.fingerprint
+        )
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str], *, vocab: Any, mmap: bool = True, verify: bool = True
+    ) -> CompiledSchema:
+        """Load a compiled schema (or tool list) written by :meth:`save`.
+
+        Parameters
+        ----------
+        path : str or path
+            The file.
+        vocab : Vocabulary or SetCompiler
+            The vocabulary it must have been compiled for (checked by fingerprint). A tool
+            list compiles its tools' argument schemas on demand with this compiler (one is
+            made from a vocabulary).
+        mmap, verify : bool
+            As in :meth:`TrieAutomaton.load`.
+
+        Raises
+        ------
+        AutomatonFileError
+            The file is missing, truncated, corrupt, not a triemask file, of a newer format,
+            not a compiled schema of this class, or compiled for another vocabulary, or its
+            fields were built by a triemask whose token pieces differ (``.field``).
+        """
+        if isinstance(vocab, SetCompiler):
+            compiler: SetCompiler | None = vocab
+            vocabulary = vocab.vocab
+        elif isinstance(vocab, Vocabulary):
+            compiler, vocabulary = None, vocab
+        else:
+            raise ArgumentTypeError(
+                f"load needs vocab=<the triemask.Vocabulary or Compiler>, got {type(vocab).__qualname__}"
+            )
+
+        def build(stored: storage.Stored) -> CompiledSchema:
+            held = kind_class(stored.kind, stored.source)
+            if not issubclass(held, cls):
+                raise AutomatonFileError(f"{stored.source} holds a {held.__name__}, not a {cls.__name__}", field="kind")
+            return held._restore(stored, vocabulary, compiler)
+
+        return storage.load(
+            path,
+            kinds=kinds_of(CompiledSchema),
+            vocab_fingerprint=vocabulary.fingerprint,
+            build=build,
+            use_mmap=mmap,
+            verify=verify,
+        )
+
+    @classmethod
+    def _restore(cls, stored: storage.Stored, vocab: Vocabulary, compiler: SetCompiler | None) -> CompiledSchema:
+        _require_xgrammar()
+        import xgrammar
+
+        self = cls.__new__(cls)
+        meta, arrays, source = stored.meta, stored.arrays, stored.source
+        support = _support(vocab)
+        try:
+            options = meta["options"]
+            self._min_enum_values = integer(options["min_enum_values"], "min_enum_values")
+            self._options = {key: options[key] for key in ("any_whitespace", "indent", "separators", "strict_mode")}
+            if self._options["separators"] is not None:
+                self._options["separators"] = tuple(self._options["separators"])
+            described = json.loads(_array_text(arrays["described"]))
+            self._ebnf = _array_text(arrays["ebnf"])
+            grammar_json = _array_text(arrays["grammar"])
+            fields = [_restore_field(stored, support, k, entry) for k, entry in enumerate(meta["fields"])]
+            self._compile_seconds = float(meta["compile_seconds"])
+        except AutomatonFileError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, StateError) as error:
+            raise AutomatonFileError(
+                f"{source} is corrupt: its fields do not form a compiled schema ({type(error).__name__}: {error})",
+                field="arrays",
+            ) from None
+        self._vocab = vocab
+        self._support = support
+        try:  # xgrammar's own form; compiled again from the structure's grammar text when its
+            # xgrammar version reads it no longer
+            grammar = xgrammar.CompiledGrammar.deserialize_json(grammar_json, support.info)
+        except Exception:  # xgrammar raises several kinds for one answer: not readable
+            try:
+                grammar = support.grammar_compiler.compile_grammar(
+                    _structure_grammar(self._ebnf, field_sentinels(fields))
+                )
+            except Exception as error:
+                raise AutomatonFileError(
+                    f"{source} is corrupt: its structure's grammar does not compile ({error})", field="ebnf"
+                ) from None
+        self._finish(fields, grammar)
+        self._restore_described(described, meta, vocab, compiler)
+        return self
+
+    def _restore_described(
+        self, described: Any, meta: dict[str, Any], vocab: Vocabulary, compiler: SetCompiler | None
+    ) -> None:
+        self._schema = load_schema(described)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickling goes through the file format, with the vocabulary (a schema needs its tokens)
+        meta, arrays = self._file_parts()
+        blob = storage.to_bytes(
+            self._kind, meta, arrays, vocab_fingerprint=self._vocab.fingerprint, set_fingerprint=self.fingerprint
+        )
+        return (schema_from_bytes, (blob, self._vocab))
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(str(f.automaton.num_values) for f in self._fields)
+        return f"CompiledSchema(trie fields: [{sizes}], vocab_size={self.vocab_size})"
+
+
+def schema_from_bytes(blob: bytes, vocab: Vocabulary) -> CompiledSchema:
+    """The compiled schema of a pickle (:meth:`CompiledSchema.__reduce__`)."""
+    stored = storage.read(blob, kinds=kinds_of(CompiledSchema))
+    stored.check_vocabulary(vocab.fingerprint)
+    return cast(CompiledSchema, kind_class(stored.kind, stored.source))._restore(stored, vocab, None)
+
+
+register_kind("schema", CompiledSchema)

@@ -1,0 +1,247 @@
+"""The decoding engine of a mixed schema: configurations entered, fed and filled."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..automata import DEAD
+from .fields import Field
+from .structure import STRUCT, Configuration, _ends, _starts
+from .support import VocabularySupport
+
+
+class SchemaEngine:
+    """The decoding half of :class:`CompiledSchema` (its base class): configurations entered,
+    fed through tokens and filled into rows, read by :class:`SchemaMatcher`. The fields are
+    the compiled schema's, set by its constructor and its loader."""
+
+    _fields: tuple[Field, ...]
+    _grammar: Any
+    _support: VocabularySupport
+    _crossing: frozenset[int]
+    _fields_by_prefix: dict[int, list[int]]
+    _starts_first: bytes
+
+    def _initial(self) -> list[Configuration]:
+        import xgrammar
+
+        return [
+            Configuration(self, xgrammar.GrammarMatcher(self._grammar, max_rollback_tokens=-1), STRUCT, 0, b"", None)
+        ]
+
+    def _exit(self, matcher: Any, k: int, node: int, value_start: bytes) -> list[Configuration]:
+        """Configurations just after field ``k``'s value, completed at ``node``
+        (``value_start``: the output before the value). The matcher is already past
+        the sentinel: the structure resumes where it is."""
+        return [Configuration(self, matcher, STRUCT, 0, b"", None)]
+
+    def _settle(
+        self, matcher: Any, k: int, node: int, value_start: bytes, cache: dict[Any, Any]
+    ) -> list[Configuration]:
+        """Configurations at trie node ``node``: inside the value, after it, or both."""
+        field = self._fields[k]
+        found: list[Configuration] = []
+        if not field.leaves[node]:
+            found.append(Configuration(self, matcher, k, node, value_start, cache))
+        if field.accepting[node]:
+            found += self._exit(matcher, k, node, value_start)
+        return found
+
+    def _feed(self, matcher: Any, data: bytes, before: bytes | bytearray) -> list[Configuration]:
+        """Configurations after the bytes ``data`` from a structural configuration
+        (every reading: structure alone, or entering a field at each possible start)."""
+        found: list[Configuration] = []
+        whole = matcher.fork()
+        if whole.accept_string(data):
+            found.append(Configuration(self, whole, STRUCT, 0, b"", None))
+        for j in _starts(data, self._starts_first):
+            for k, field in enumerate(self._fields):
+                if data[j] not in field.first:
+                    continue
+                entered = matcher.fork()
+                if not entered.accept_string(data[:j] + field.sentinel):
+                    continue
+                piece, value_start = data[j:], bytes(before) + data[:j]
+                node = field.tails.get(piece)
+                if node is not None:
+                    found += self._settle(entered, k, node, value_start, {})
+                for i in _ends(piece, field.last):
+                    value_node = field.middles.get(piece[:i])
+                    if value_node is not None:
+                        for config in self._exit(entered, k, value_node, value_start):
+                            found += config.schema._feed(config.matcher, piece[i:], value_start + piece[:i])
+        return found
+
+    def _feasible(self, matcher: Any, data: bytes, before: bytes | bytearray) -> bool:
+        """Whether ``data`` can follow a structural configuration (the masks' question:
+        :meth:`_feed` without building every reading)."""
+        if matcher.accept_string(data):
+            matcher.rollback(1)
+            return True
+        return bool(self._feed(matcher, data, before))
+
+    def _token(
+        self, config: Configuration, token: int, data: bytes | None, before: bytes | bytearray
+    ) -> list[Configuration]:
+        """Configurations after ``token`` from ``config`` (never modifies its matcher)."""
+        _, matcher, k, node, value_start, cache = config
+        if k == STRUCT:
+            if data is None or token not in self._crossing:
+                following = matcher.fork()
+                return [Configuration(self, following, STRUCT, 0, b"", None)] if following.accept_token(token) else []
+            return self._feed(matcher, data, before)
+        if data is None:
+            return []
+        field = self._fields[k]
+        found: list[Configuration] = []
+        following = field.automaton.next_state(node, token)
+        if following != DEAD:
+            found += self._settle(matcher, k, following, value_start, cache)
+        pieces = field.pieces
+        view = field.exit_nodes_view
+        e = bisect_left(view, node)
+        while e < len(view) and view[e] == node:
+            piece = int(field.exit_pieces[e])
+            lo, hi = int(pieces.head_offsets[piece]), int(pieces.head_offsets[piece + 1])
+            h = bisect_left(pieces.head_tokens_view, token, lo, hi)
+            while h < hi and pieces.head_tokens_view[h] == token:
+                end = int(pieces.head_ends[h])
+                for after in self._exit(matcher, k, int(field.exit_values[e]), value_start):
+                    found += after.schema._feed(after.matcher, data[end:], value_start + data[:end])
+                h += 1
+            e += 1
+        return found
+
+    def _fill(
+        self,
+        config: Configuration,
+        row: npt.NDArray[np.int32],
+        scratch: npt.NDArray[np.int32],
+        before: bytes | bytearray,
+    ) -> bool:
+        """Overwrite ``row`` with the tokens allowed from ``config`` (``before``: the output
+        so far). Returns whether some token may enter a field from here (so the next
+        accepted token needs every reading, not xgrammar's alone)."""
+        _, matcher, k, node, value_start, cache = config
+        support = self._support
+        if k == STRUCT:
+            if support.inline:
+                matcher.fill_next_token_bitmask(row.reshape(1, -1))
+                buffer = row
+            else:
+                matcher.fill_next_token_bitmask(scratch)
+                buffer = scratch[0]
+                np.copyto(row, buffer[: support.width])
+            lo, hi = support.pseudo_words
+            words = buffer[lo:hi].tolist()
+            entered = False
+            if any(words):  # some structural prefix can be followed by a value: which fields?
+                if support.inline:
+                    buffer[lo:hi] &= support.pseudo_keep
+                for w, bits in enumerate(words):
+                    bits &= 0xFFFFFFFF
+                    while bits:
+                        low = bits & -bits
+                        prefix_id = 32 * (lo + w) + low.bit_length() - 1 - support.first_pseudo
+                        if 0 <= prefix_id < len(support.prefixes):
+                            entered |= self._fill_entries(matcher, prefix_id, row, before)
+                        bits ^= low
+            return entered
+        field = self._fields[k]
+        field.automaton.fill_bitmask(row.reshape(1, -1), (node,))
+        view = field.exit_nodes_view
+        e = bisect_left(view, node)
+        while e < len(view) and view[e] == node:
+            self._fill_exits(matcher, k, int(field.exit_pieces[e]), int(field.exit_values[e]), value_start, cache, row)
+            e += 1
+        return True
+
+    def _fill_exits(
+        self,
+        matcher: Any,
+        k: int,
+        piece: int,
+        value_node: int,
+        value_start: bytes,
+        cache: dict[Any, Any],
+        row: npt.NDArray[np.int32],
+    ) -> None:
+        """Add the tokens whose head ``piece`` ends field ``k``'s value and whose rest
+        the structure accepts after it."""
+        pieces = self._fields[k].pieces
+        lo, hi = int(pieces.head_offsets[piece]), int(pieces.head_offsets[piece + 1])
+        tokens = pieces.head_tokens[lo:hi]
+        # What follows the value: the same for every value, except where the value
+        # picks the grammar that follows (a tool's arguments). Computed once per value.
+        key = value_node if self._switches(k) else -1
+        found = cache.get(key)
+        if found is None:
+            after_configs = self._exit(matcher, k, value_node, value_start)
+            after = None
+            if len(after_configs) == 1 and after_configs[0].field == STRUCT:
+                after = np.zeros(self._support.xgr_width, dtype=np.int32)
+                after_configs[0].matcher.fill_next_token_bitmask(after.reshape(1, -1))
+            found = cache[key] = (after_configs, after)
+        after_configs, after = found
+        if after is not None:
+            # one gather for three questions per head: is the rest a token the structure
+            # takes; is its longest token prefix refused; may a value start in it again
+            ids = pieces.head_lookups[:, lo:hi]
+            safe = np.maximum(ids, 0)
+            bits = (ids >= 0) & ((after[safe >> 5] >> (safe & 31)) & 1).astype(bool)
+            ok, alone, again = bits[0], bits[1] | (ids[1] < 0), bits[2] | (ids[2] == -1)
+            _set_bits(row, tokens[ok])
+            probe = ~ok & ((alone & (ids[0] < 0)) | again)
+        else:
+            probe = np.ones(hi - lo, dtype=bool)
+        for h in (lo + np.flatnonzero(probe)).tolist():
+            token, end = int(pieces.head_tokens[h]), int(pieces.head_ends[h])
+            data = self._support.tokens[token]
+            assert data is not None
+            rest = data[end:]
+            verdict = cache.get((rest, key))
+            if verdict is None:  # configurations are never modified: _feed forks
+                verdict = cache[(rest, key)] = any(
+                    c.schema._feasible(c.matcher, rest, value_start + data[:end]) for c in after_configs
+                )
+            if verdict:
+                _set_bits(row, np.array([token]))
+
+    def _switches(self, k: int) -> bool:
+        """Whether leaving field ``k`` moves to another schema (the tool name of compile_tools)."""
+        return False
+
+    def _fill_entries(
+        self, matcher: Any, prefix_id: int, row: npt.NDArray[np.int32], before: bytes | bytearray
+    ) -> bool:
+        """Add the tokens that enter a field after structural prefix ``prefix_id``;
+        whether any field can be entered there."""
+        prefix = self._support.prefixes[prefix_id]
+        entered = False
+        for k in self._fields_by_prefix.get(prefix_id, ()):
+            field = self._fields[k]
+            if not matcher.accept_string(prefix + field.sentinel):
+                continue
+            matcher.rollback(1)
+            entered = True
+            mask = field.enter_masks.get(prefix_id)
+            if mask is not None:
+                row[mask[0]] |= mask[1]
+            for token, start, end, node in field.middle_by_prefix.get(prefix_id, ()):
+                data = self._support.tokens[token]
+                assert data is not None
+                inside = matcher.fork()
+                inside.accept_string(prefix + field.sentinel)
+                value_start = bytes(before) + prefix
+                after = self._exit(inside, k, node, value_start)
+                if any(c.schema._feasible(c.matcher, data[end:], value_start + data[start:end]) for c in after):
+                    _set_bits(row, np.array([token]))
+        return entered
+
+
+def _set_bits(row: npt.NDArray[np.int32], tokens: npt.NDArray[np.int64]) -> None:
+    np.bitwise_or.at(row.view(np.uint32), tokens >> 5, np.left_shift(np.uint32(1), (tokens & 31).astype(np.uint32)))

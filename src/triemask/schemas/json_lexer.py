@@ -1,0 +1,101 @@
+"""Strict JSON per output: a byte automaton of the JSON lexer, tabulated per vocabulary."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+# --------------------------------------------------------------------------- strict JSON
+
+# The JSON lexer of an output, a byte automaton: outside strings, inside one (between
+# characters), after a backslash in one, and inside a multi-byte UTF-8 character (what the
+# next bytes may be: RFC 3629's table, so no overlong form, no surrogate, nothing past
+# U+10FFFF). LEX_REFUSED: the bytes cannot continue strict JSON (RFC 8259) in UTF-8.
+LEX_OUT, _IN, _ESCAPE, _TAIL1, _TAIL2, _TAIL3, _AFTER_E0, _AFTER_ED, _AFTER_F0, _AFTER_F4, LEX_REFUSED = range(11)
+_LEXER_STATES = range(LEX_REFUSED)
+_JSON_WHITESPACE = b" \t\n\r"
+
+
+def _lexer_table() -> list[bytes]:
+    """``table[state][byte]``: the lexer state after ``byte``."""
+    table = [bytearray([LEX_REFUSED]) * 256 for _ in _LEXER_STATES]
+    for c in range(0x20, 0x80):  # printable ASCII: outside strings and in them
+        table[LEX_OUT][c] = _IN if c == 0x22 else LEX_OUT
+        table[_IN][c] = {0x22: LEX_OUT, 0x5C: _ESCAPE}.get(c, _IN)
+        table[_ESCAPE][c] = _IN  # (which escapes are JSON is the grammar's business)
+    for c in _JSON_WHITESPACE:
+        table[LEX_OUT][c] = LEX_OUT
+    # a character's first byte in a string: how many and which continuation bytes follow
+    for lead, state in ((range(0xC2, 0xE0), _TAIL1), (range(0xE1, 0xF0), _TAIL2), (range(0xF1, 0xF4), _TAIL3)):
+        for c in lead:
+            table[_IN][c] = state
+    table[_IN][0xE0], table[_IN][0xED] = _AFTER_E0, _AFTER_ED
+    table[_IN][0xF0], table[_IN][0xF4] = _AFTER_F0, _AFTER_F4
+    for state, low, high, following in (
+        (_TAIL1, 0x80, 0xC0, _IN),
+        (_TAIL2, 0x80, 0xC0, _TAIL1),
+        (_TAIL3, 0x80, 0xC0, _TAIL2),
+        (_AFTER_E0, 0xA0, 0xC0, _TAIL1),
+        (_AFTER_ED, 0x80, 0xA0, _TAIL1),
+        (_AFTER_F0, 0x90, 0xC0, _TAIL2),
+        (_AFTER_F4, 0x80, 0x90, _TAIL2),
+    ):
+        table[state][low:high] = bytes([following]) * (high - low)
+    return [bytes(row) for row in table]
+
+
+_LEXER = _lexer_table()
+_PLAIN_TEXT = re.compile(rb"[\x20-\x21\x23-\x5b\x5d-\x7e]*\Z")  # printable ASCII but quote and backslash
+
+
+def _lex(data: bytes, state: int) -> int:
+    """The lexer state after ``data`` from ``state`` (or ``LEX_REFUSED``)."""
+    for c in data:
+        state = _LEXER[state][c]
+        if state == LEX_REFUSED:
+            break
+    return state
+
+
+@dataclass(frozen=True)
+class Lexical:
+    """Per vocabulary, what each token does to the JSON lexer state of an output: refused
+    are the tokens that would put a raw control character or bytes that are not UTF-8
+    inside a string (xgrammar's length-bounded strings and its patterns admit some), and
+    the sentinel's lead byte 0xFF anywhere."""
+
+    after: tuple[bytes, ...]  # by start state, by token id: the state after it, or LEX_REFUSED
+    keep: npt.NDArray[np.int32]  # (start states, width): the bitmask of the tokens not refused
+    never: npt.NDArray[np.bool_]  # by token id: refused from every state (no piece of it is needed)
+
+    @classmethod
+    def of(cls, tokens: Sequence[bytes | None], width: int) -> Lexical:
+        n = len(tokens)
+        after = [bytearray([state]) * n for state in _LEXER_STATES]  # special tokens (EOS) move nothing
+        for t, data in enumerate(tokens):
+            if not data:
+                continue
+            if _PLAIN_TEXT.match(data):  # most tokens: no state but a character's middle changes
+                after[_ESCAPE][t] = _IN
+                for state in range(_TAIL1, LEX_REFUSED):
+                    after[state][t] = LEX_REFUSED
+            else:
+                for state in _LEXER_STATES:
+                    after[state][t] = _lex(data, state)
+        refused = np.stack([np.frombuffer(a, dtype=np.uint8) for a in after]) == LEX_REFUSED
+        keep = np.full((len(_LEXER_STATES), width), -1, dtype=np.int32)
+        for state in _LEXER_STATES:
+            ids = np.flatnonzero(refused[state])
+            np.bitwise_and.at(
+                keep[state].view(np.uint32), ids >> 5, ~np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+            )
+        return cls(tuple(bytes(a) for a in after), keep, refused.all(axis=0))
+
+
+# Free text of every kind xgrammar builds for JSON (strings plain, length-bounded, with a
+# pattern, a format; free property names), and prefixes that lead into each: none may
+# accept the sentinel's lead byte.

@@ -1,0 +1,323 @@
+"""The per-request matcher of a mixed schema and the batch fills."""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..base import ArgumentTypeError, StateError, as_bitmask_array, bitmask_width, integer
+from .compiled import CompiledSchema
+from .json_lexer import LEX_OUT, LEX_REFUSED
+from .structure import STRUCT, Configuration
+
+# --------------------------------------------------------------------------- matcher
+
+
+class SchemaMatcher:
+    """Follows one output through a :class:`CompiledSchema` (``triemask.Matcher(compiled)``).
+
+    The same interface as :class:`~triemask.Matcher` for a set; :attr:`value` is
+    the parsed JSON once the output is complete.
+    """
+
+    __slots__ = ("_configs", "_filled", "_history", "_lexer", "_output", "_schema", "_scratch", "_scratch_width")
+
+    def __init__(self, schema: CompiledSchema, *, max_rollback: int = 16) -> None:
+        if not isinstance(schema, CompiledSchema):
+            raise ArgumentTypeError(f"SchemaMatcher needs a CompiledSchema, got {type(schema).__qualname__}")
+        max_rollback = integer(max_rollback, "max_rollback", StateError, "an integer in [0, 2**31)")
+        if not 0 <= max_rollback < 1 << 31:
+            raise StateError(f"max_rollback must be an integer in [0, 2**31), got {max_rollback}")
+        self._schema = schema
+        self._configs = schema._initial()
+        # (configurations, output length, lexer state, the matcher advanced in place or None) per step
+        self._history: deque[tuple[list[Configuration], int, int, Any]] = deque(maxlen=max_rollback)
+        self._output = bytearray()
+        self._lexer = LEX_OUT  # the JSON lexer state at the end of the output
+        self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
+        self._scratch_width = schema._support.width
+        self._filled: list[Configuration] | None = None
+
+    @property
+    def schema(self) -> CompiledSchema:
+        """The shared compiled schema."""
+        return self._schema
+
+    @property
+    def text(self) -> bytes:
+        """The output so far, as bytes."""
+        return bytes(self._output)
+
+    @property
+    def in_enum_value(self) -> bool:
+        """Whether the output may be inside an enum field's value (a trie decides the next
+        token), rather than in the structure xgrammar follows."""
+        return any(c.field != STRUCT for c in self._configs)
+
+    @property
+    def value(self) -> Any:
+        """The output parsed as JSON once it is complete, else None.
+
+        A complete output is strict JSON (RFC 8259) in UTF-8: the masks refuse the raw
+        control characters and the UTF-8 spelling of surrogates that xgrammar's strings
+        admit (an escaped ``\\ud800`` is JSON and stays allowed).
+
+        Raises
+        ------
+        StateError
+            Never expected: the output is complete but not JSON.
+        """
+        if not any(
+            c.field == STRUCT and (c.matcher.is_completed() or c.matcher.is_terminated()) for c in self._configs
+        ):
+            return None
+        try:
+            return json.loads(self._output.decode("utf-8"))
+        except ValueError as error:  # never expected: the masks keep outputs strict JSON
+            raise StateError(f"the completed output is not JSON ({error}): {bytes(self._output)[:80]!r}") from None
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) when it is not allowed."""
+        if type(token_id) is not int:
+            try:
+                token_id = integer(token_id, "token_id")
+            except StateError:
+                return False
+        schema = self._schema
+        support = schema._support
+        if not 0 <= token_id < schema.vocab_size:
+            return False
+        if token_id < len(support.tokens):
+            data = support.tokens[token_id]
+            lexer = support.lexical.after[self._lexer][token_id]
+            if lexer == LEX_REFUSED:
+                return False
+        else:
+            data, lexer = None, self._lexer
+        if data is None and token_id not in schema.eos_token_ids:
+            return False
+        configs = self._configs
+        config = configs[0]
+        if (
+            len(configs) == 1
+            and config.field == STRUCT
+            and (data is None or token_id not in config.schema._crossing or self._filled is configs)
+        ):
+            # (a mask filled for these configurations found no field to enter: no token does)
+            # the common step: one structural reading, a token that cannot enter a field.
+            # Advance xgrammar in place; rollback undoes it with xgrammar's own rollback.
+            if not config.matcher.accept_token(token_id):
+                return False
+            self._history.append((configs, len(self._output), self._lexer, config.matcher))
+        else:
+            following: list[Configuration] = []
+            for config in configs:
+                following += config.schema._token(config, token_id, data, self._output)
+            if not following:
+                return False
+            self._history.append((configs, len(self._output), self._lexer, None))
+            self._configs = following
+        self._lexer = lexer
+        self._filled = None  # the state moved: what the last fill found no longer holds
+        if data is not None:
+            self._output += data
+        return True
+
+    def accept_tokens(self, token_ids: Iterable[int]) -> int:
+        """Accept tokens in order until one is rejected; returns how many were accepted."""
+        if not isinstance(token_ids, Iterable):
+            raise ArgumentTypeError(f"token_ids must be an iterable of integers, got {type(token_ids).__name__}")
+        accepted = 0
+        for token_id in token_ids:
+            if not self.accept_token(token_id):
+                break
+            accepted += 1
+        return accepted
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+        num_tokens = integer(num_tokens, "num_tokens", StateError, "an integer")
+        if num_tokens < 0 or num_tokens > len(self._history):
+            raise StateError(
+                f"cannot roll back {num_tokens} tokens: {len(self._history)} can be undone "
+                f"(max_rollback={self._history.maxlen})"
+            )
+        for _ in range(num_tokens):
+            self._configs, length, self._lexer, advanced = self._history.pop()
+            if advanced is not None:
+                advanced.rollback(1)
+            del self._output[length:]
+        self._filled = None
+
+    def reset(self) -> None:
+        """Return to the start and forget the history."""
+        self._configs = self._schema._initial()
+        self._history.clear()
+        self._output.clear()
+        self._lexer = LEX_OUT
+        self._filled = None
+
+    def copy(self) -> SchemaMatcher:
+        """An independent matcher in the same state, with the same rollback history."""
+        forks: dict[int, Any] = {}
+
+        def fork(matcher: Any) -> Any:
+            # xgrammar's fork keeps the matcher's own rollback history
+            if id(matcher) not in forks:
+                forks[id(matcher)] = matcher.fork()
+            return forks[id(matcher)]
+
+        def copied(configs: list[Configuration]) -> list[Configuration]:
+            return [c._replace(matcher=fork(c.matcher)) for c in configs]
+
+        clone = SchemaMatcher.__new__(SchemaMatcher)
+        clone._schema = self._schema
+        clone._configs = copied(self._configs)
+        clone._history = deque(
+            (
+                (copied(configs), length, lexer, None if advanced is None else fork(advanced))
+                for configs, length, lexer, advanced in self._history
+            ),
+            maxlen=self._history.maxlen,
+        )
+        clone._output = bytearray(self._output)
+        clone._lexer = self._lexer
+        clone._scratch = np.zeros_like(self._scratch)
+        clone._scratch_width = self._scratch_width
+        clone._filled = None
+        return clone
+
+    def __copy__(self) -> SchemaMatcher:
+        return self.copy()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> SchemaMatcher:
+        return self.copy()  # the compiled schema is shared, as by copy()
+
+    def __reduce__(self) -> Any:
+        raise TypeError(
+            "a SchemaMatcher cannot be pickled (it holds xgrammar matchers); use copy() within a "
+            "process, or replay the accepted tokens into a new matcher"
+        )
+
+    def is_terminated(self) -> bool:
+        """True once EOS was accepted (or the grammar allows nothing more)."""
+        return any(c.field == STRUCT and c.matcher.is_terminated() for c in self._configs)
+
+    def allowed_token_ids(self) -> npt.NDArray[np.int32]:
+        """Ids allowed next, ascending."""
+        row = np.zeros((1, self._schema._support.width), dtype=np.int32)
+        self.fill_next_token_bitmask(row)
+        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self._schema.vocab_size]
+        return np.flatnonzero(bits).astype(np.int32)
+
+    def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
+        """Overwrite row ``row`` of ``bitmask`` (int32, ``(batch, ceil(vocab_size / 32))``,
+        numpy or CPU torch) with the mask of the next token."""
+        if (  # the per-step path: as_bitmask_array's checks, inlined
+            type(bitmask) is np.ndarray
+            and bitmask.dtype == np.int32
+            and bitmask.ndim == 2
+            and bitmask.shape[1] == self._scratch_width
+            and bitmask.flags.c_contiguous
+            and bitmask.flags.writeable
+            and type(row) is int
+            and 0 <= row < bitmask.shape[0]
+        ):
+            self._fill(bitmask[row])
+            return
+        array = as_bitmask_array(bitmask, self._schema.vocab_size)
+        row = integer(row, "row", StateError, "an integer")
+        if not 0 <= row < array.shape[0]:
+            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
+        self._fill(array[row])
+
+    def _fill(self, out: npt.NDArray[np.int32]) -> None:
+        before = self._output
+        first = self._configs[0]
+        entered = first.schema._fill(first, out, self._scratch, before)
+        if len(self._configs) > 1:
+            other = np.empty_like(out)
+            for config in self._configs[1:]:
+                entered |= config.schema._fill(config, other, self._scratch, before)
+                out |= other
+        # strict JSON: no raw control byte inside a string, whatever the structure allows
+        np.bitwise_and(out, self._schema._support.lexical.keep[self._lexer], out=out)
+        # remembered for accept_token: no field can be entered from these configurations
+        self._filled = None if entered else self._configs
+
+    def __repr__(self) -> str:
+        return f"SchemaMatcher(output={bytes(self._output)[-40:]!r}, configurations={len(self._configs)})"
+
+
+def fill_next_token_bitmasks(
+    matchers: Sequence[SchemaMatcher], bitmask: Any, rows: Sequence[int] | None = None
+) -> None:
+    """Fill one bitmask row per matcher in one call (row ``i`` by default for matcher ``i``).
+
+    The serving-engine entry point: it checks the buffer once and skips the per-call
+    checks of :meth:`SchemaMatcher.fill_next_token_bitmask`.
+    """
+    if not isinstance(matchers, Sequence) or not all(isinstance(m, SchemaMatcher) for m in matchers):
+        raise ArgumentTypeError(f"matchers must be a sequence of SchemaMatcher objects, got {matchers!r:.60}")
+    if not matchers:
+        return
+    array = as_bitmask_array(bitmask, matchers[0].schema.vocab_size)
+    if rows is not None and not isinstance(rows, Iterable | np.ndarray):
+        raise ArgumentTypeError(f"rows must be a sequence of integers, got {type(rows).__name__}")
+    targets = list(range(len(matchers))) if rows is None else [integer(r, "rows") for r in rows]
+    if len(targets) != len(matchers):
+        raise StateError(f"rows must be {len(matchers)} integers (one per matcher), got {len(targets)}")
+    for target in targets:
+        if not 0 <= target < array.shape[0]:
+            raise StateError(f"row {target} is outside the bitmask's {array.shape[0]} rows")
+    for matcher, target in zip(matchers, targets, strict=True):
+        if matcher.schema.vocab_size != matchers[0].schema.vocab_size:
+            raise StateError("all matchers of one batch must share a vocabulary size")
+        matcher._fill(array[target])
+
+
+def allowed_token_rows(
+    matchers: Sequence[SchemaMatcher | None],
+    eos_token_ids: Iterable[int],
+    width: int,
+    on_error: Callable[[int, Exception], None] | None = None,
+) -> npt.NDArray[np.bool_]:
+    """The allowed tokens of a batch of rows as booleans, ``(len(matchers), width)``, for
+    masking logits at once (``width`` may exceed the vocabulary: the extra columns are closed).
+
+    A row that is None (a request gone wrong), terminated, or whose fill raises allows
+    only EOS, so no row is ever all closed; ``on_error(row, error)`` is told of a fill that
+    raised (a tool's arguments compiled on first use), and without it the error propagates.
+    """
+    eos = np.asarray(list(eos_token_ids), dtype=np.int64)
+    live = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
+    vocab_size = matchers[live[0]].schema.vocab_size if live else width  # type: ignore[union-attr]
+    bitmask = np.zeros((len(matchers), bitmask_width(vocab_size)), dtype=np.int32)
+    filled = []
+    for i in live:
+        try:
+            matchers[i]._fill(bitmask[i])  # type: ignore[union-attr]
+            filled.append(i)
+        except Exception as error:  # noqa: PERF203 - any failure closes that row alone
+            if on_error is None:
+                raise
+            on_error(i, error)
+            bitmask[i] = 0
+    allowed = np.zeros((len(matchers), width), dtype=bool)
+    columns = min(vocab_size, width)
+    allowed[:, :columns] = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :columns]
+    ended = np.setdiff1d(np.arange(len(matchers)), np.asarray(filled, dtype=np.int64))
+    allowed[np.repeat(ended, len(eos)), np.tile(eos, len(ended))] = True
+    return allowed
+
+
+def configurations_after(schema: CompiledSchema, data: bytes) -> list[Configuration]:
+    """Every reading of ``schema`` after the bytes ``data`` from its start (for a tool's
+    arguments entered from a tool call: ``_tools.CompiledTools``)."""
+    start = schema._initial()[0]
+    return schema._feed(start.matcher, data, b"")

@@ -1,0 +1,443 @@
+"""Reading a JSON schema and finding the enum fields that go to tries.
+
+A JSON schema is taken as a dict, a JSON string or a pydantic model class. Every
+``enum`` of JSON scalars, and every ``anyOf`` / ``oneOf`` whose branches are all
+``const`` scalars, with at least ``min_enum_values`` distinct values, is an *enum
+site*: it is replaced by a ``const`` placeholder before the structure is handed to
+xgrammar, and its values are compiled to a trie over their JSON text, spelled
+exactly as xgrammar spells them (see :func:`json_texts`).
+
+String fields of a finite language are sites too: ``{"type": "string", "format": F}``
+for the formats whose language is finite and equal to xgrammar's (date, uuid, ipv4,
+ipv6) and ``{"type": "string", "pattern": P}`` for a finite ``P`` whose strings need
+no JSON escape; they compile to the pattern's minimal acyclic automaton (with the
+quotes) instead of a trie. ``time`` and ``date-time`` stay in xgrammar, whose
+language for them is infinite (any number of fraction digits), and so does any
+string with other constraints (``minLength``...) or an infinite pattern.
+
+Sites are found wherever they are: object properties, array items, ``$defs``,
+``anyOf`` branches, and so on, except where a schema describes property names
+(``propertyNames`` and what it references): a site's sentinel stands for a value, never a
+key. Paths name them in JSONPath style (``$.properties.name.enum[3]``), and every error
+names the path it is about. What one schema may cost is bounded before any engine sees it:
+its depth (:data:`MAX_SCHEMA_DEPTH`) and the ``pattern`` automata it builds
+(:data:`MAX_DISPATCHED_PATTERNS`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..base import ArgumentTypeError, PatternError, SchemaError
+from ..sets import FORMATS, dag_of_pattern
+
+TOO_DEEP = "the schema is nested too deeply"  # how every refusal of a deep schema begins
+MAX_SCHEMA_DEPTH = 128
+"""How deeply a schema's JSON may nest (about 60 nested objects): the structural engine's
+compile grows faster than the depth (xgrammar: 0.04 s at 128 levels, 0.24 s at 243), and
+real schemas nest a few levels, reusing definitions through ``$ref``."""
+MAX_DISPATCHED_PATTERNS = 8
+"""``pattern`` fields of one schema whose automaton is built (each bounded, about 0.06 s at
+most): further ones, and patterns over 4,096 characters, stay with the structural engine."""
+_MAX_DISPATCHED_PATTERN_CHARS = 4096
+
+
+# Keywords whose value is one subschema, a list of them, or a name -> subschema map.
+_ONE = (
+    "items",
+    "additionalProperties",
+    "additionalItems",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
+_LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+# Keywords that only annotate: a branch {"const": x, "description": ...} is still a plain const.
+# Keywords xgrammar accepts but does not enforce: the output would not satisfy them, so a
+# schema holding one is refused rather than silently loosened (with the value that is a no-op).
+_UNENFORCED = {
+    "not": None,
+    "if": None,
+    "then": None,
+    "else": None,
+    "uniqueItems": False,
+    "contains": None,
+    "minContains": None,
+    "maxContains": None,
+    "dependentRequired": None,
+    "dependentSchemas": None,
+    "dependencies": None,
+    "unevaluatedProperties": True,
+    "unevaluatedItems": True,
+    "$dynamicRef": None,
+    "$recursiveRef": None,
+}
+_NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\x7f]')
+_ANNOTATIONS = frozenset({"title", "description", "examples", "default", "deprecated", "$comment", "readOnly"})
+# Formats whose language here is exactly xgrammar's (time and date-time are not: see above).
+DISPATCHED_FORMATS = ("date", "uuid", "ipv4", "ipv6")
+_STRING_KEYS = frozenset({"type", "format", "pattern"})
+# Bytes a JSON string holds only escaped; xgrammar matches a pattern on the raw string
+# (json_string=true) and never allows them, so a pattern that can spell one stays there.
+_ESCAPED_BYTES = np.array([*range(0x20), ord('"'), ord("\\"), 0x7F], dtype=np.uint8)
+
+
+@dataclass(frozen=True)
+class EnumSite:
+    """One enum field of a schema: where it is and what it allows."""
+
+    path: str
+    values: tuple[Any, ...]  # the JSON values, as given, duplicates removed (empty for a pattern)
+    placeholder: str  # the const string that stands for it in the structural schema
+    pattern: str | None = None  # a finite string field: the regex of its content (no quotes)
+
+
+def load_schema(schema: Any) -> dict[str, Any]:
+    """The schema as a fresh dict (the caller's object is never modified).
+
+    Raises
+    ------
+    SchemaError
+        A string that is not JSON, or JSON that is not an object.
+    ArgumentTypeError
+        Anything but a dict, a str or a pydantic model class.
+    """
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):
+        schema = schema.model_json_schema()
+    if isinstance(schema, str | bytes):
+        try:
+            loaded = json.loads(schema)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SchemaError(f"the schema is not valid JSON: {exc}", path="$") from None
+        except RecursionError:
+            raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
+    elif isinstance(schema, Mapping):
+        try:  # a deep copy that also checks that the schema is JSON
+            loaded = json.loads(json.dumps(schema, allow_nan=False))
+        except (TypeError, ValueError) as exc:
+            raise SchemaError(f"the schema is not JSON-serialisable: {exc}", path="$") from None
+        except RecursionError:
+            raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
+    else:
+        raise ArgumentTypeError(
+            f"schema must be a dict, a JSON string or a pydantic model class, got {type(schema).__name__}"
+        )
+    if not isinstance(loaded, dict):
+        raise SchemaError(f"a JSON schema is an object, got {type(loaded).__name__} {loaded!r:.60}", path="$")
+    depth = _depth(loaded)
+    if depth > MAX_SCHEMA_DEPTH:
+        raise SchemaError(
+            f"{TOO_DEEP}: {depth} levels, more than {MAX_SCHEMA_DEPTH}; define repeated parts once in $defs "
+            "and refer to them",
+            path="$",
+        )
+    return loaded
+
+
+def _depth(node: Any) -> int:
+    """How deeply ``node``'s JSON nests (without recursion)."""
+    deepest, stack = 0, [(node, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _key_path(path: str, key: str) -> str:
+    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key) else f"{path}[{json.dumps(key)}]"
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | bool | int | float)
+
+
+def _check_values(values: list[Any], path: str) -> None:
+    if all(type(value) is str for value in values):
+        try:
+            "".join(values).encode("utf-8")
+            return
+        except UnicodeEncodeError:
+            pass
+    try:  # one encode for the common case
+        "".join(value for value in values if type(value) is str).encode("utf-8")
+        strings_ok = True
+    except UnicodeEncodeError:
+        strings_ok = False
+    for i, value in enumerate(values):
+        if isinstance(value, str) and not strings_ok:
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise SchemaError(
+                    f"{path}[{i}] {value!r:.60} is not valid Unicode ({exc.reason})", path=f"{path}[{i}]"
+                ) from None
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise SchemaError(f"{path}[{i}] is {value}, which JSON cannot spell", path=f"{path}[{i}]")
+
+
+def _enum_values(node: dict[str, Any], path: str) -> tuple[list[Any], str] | None:
+    """The values of an enum-like node and the path of its value list, else None."""
+    if "enum" in node:
+        values = node["enum"]
+        where = f"{path}.enum"
+        if not isinstance(values, list):
+            raise SchemaError(f"{where} must be an array, got {type(values).__name__}", path=where)
+        if not values:
+            raise SchemaError(f"{where} is empty: no value could ever be generated", path=where)
+        if all(type(v) is str for v in values) or all(_is_scalar(v) for v in values):
+            _check_values(values, where)
+            return values, where
+        return None
+    for keyword in ("anyOf", "oneOf"):
+        branches = node.get(keyword)
+        if (
+            isinstance(branches, list)
+            and branches
+            and all(
+                isinstance(b, dict) and "const" in b and _is_scalar(b["const"]) and set(b) - {"const"} <= _ANNOTATIONS
+                for b in branches
+            )
+        ):
+            values = [b["const"] for b in branches]
+            where = f"{path}.{keyword}"
+            _check_values(values, where)
+            return values, where
+    return None
+
+
+@dataclass
+class _PatternBudget:
+    """How many more ``pattern`` automata one schema may build (:data:`MAX_DISPATCHED_PATTERNS`)."""
+
+    left: int = MAX_DISPATCHED_PATTERNS
+
+    def take(self) -> bool:
+        self.left -= 1
+        return self.left >= 0
+
+
+def _finite_string(node: dict[str, Any], path: str, patterns: _PatternBudget) -> tuple[str, str] | None:
+    """``(pattern, path)`` of a string field whose language is finite and needs no
+    escapes (see the module docstring), else None; a ``pattern`` is tried only while
+    ``patterns`` allows."""
+    keys = set(node)
+    if node.get("type") != "string" or not keys & {"format", "pattern"} or keys - _ANNOTATIONS - _STRING_KEYS:
+        return None
+    if "format" in node and "pattern" in node:
+        return None  # xgrammar keeps the format and drops the pattern: leave that to it
+    if "format" in node:
+        fmt = node["format"]
+        return (FORMATS[fmt], f"{path}.format") if fmt in DISPATCHED_FORMATS else None
+    pattern = node.get("pattern")
+    if not isinstance(pattern, str) or len(pattern) > _MAX_DISPATCHED_PATTERN_CHARS or not patterns.take():
+        return None
+    try:
+        dag = dag_of_pattern(pattern)
+    except PatternError:
+        return None  # infinite, or beyond this engine: the structural engine's (and its errors)
+    if np.isin(dag.byte, _ESCAPED_BYTES).any():
+        return None
+    return pattern, f"{path}.pattern"
+
+
+@dataclass(frozen=True)
+class StructureCost:
+    """What a schema asks of the structural engine's compile, priced before it runs: xgrammar
+    0.2.9 on a 151K-token vocabulary (this 2-core machine) compiles a ``pattern`` like
+    ``\\w{0,100}\\d\\w{0,100}`` in up to 0.5 s whatever its few bytes, a ``format`` such as
+    ``email`` in 20 ms, an object's optional properties in a time growing with their square
+    (300: 0.5 s; 1,000: 8.3 s) and anything else in about 0.1 ms a subschema."""
+
+    patterns: int
+    formats: int
+    optional_squares: int  # the sum over objects of (optional properties)^2
+    subschemas: int
+
+    @property
+    def milliseconds(self) -> float:
+        """The estimated compile time (an upper bound on this machine for the measured shapes)."""
+        return 450 * self.patterns + 20 * self.formats + 0.006 * self.optional_squares + 0.1 * self.subschemas
+
+
+def structure_cost(schema: Any) -> StructureCost:
+    """:class:`StructureCost` of ``schema`` (annotations count too: an upper bound)."""
+    patterns = formats = squares = 0
+    nodes = _dicts_within(schema)
+    for node in nodes:
+        patterns += isinstance(node.get("pattern"), str)
+        formats += isinstance(node.get("format"), str)
+        properties = node.get("properties")
+        if isinstance(properties, dict):
+            required = node.get("required")
+            optional = len(properties.keys() - set(required if isinstance(required, list) else ()))
+            squares += optional * optional
+    return StructureCost(patterns, formats, squares, len(nodes))
+
+
+def _resolve(schema: dict[str, Any], ref: str) -> Any:
+    """The subschema a local JSON pointer (``#/$defs/Name``) names, else None."""
+    if not ref.startswith("#"):
+        return None
+    node: Any = schema
+    for token in ref[1:].split("/")[1:]:
+        token = token.replace("~1", "/").replace("~0", "~")
+        if isinstance(node, dict) and token in node:
+            node = node[token]
+        elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
+            node = node[int(token)]
+        else:
+            return None
+    return node
+
+
+def _key_schemas(schema: dict[str, Any]) -> set[int]:
+    """The ids of the subschemas that describe property names: ``propertyNames`` and what it
+    references, directly or through other references."""
+    roots = [node["propertyNames"] for node in _dicts_within(schema) if isinstance(node.get("propertyNames"), dict)]
+    found: set[int] = set()
+    while roots:
+        node = roots.pop()
+        if id(node) in found:
+            continue
+        found.add(id(node))
+        refs = [inner["$ref"] for inner in _dicts_within(node) if isinstance(inner.get("$ref"), str)]
+        roots.extend(target for ref in refs if isinstance(target := _resolve(schema, ref), dict))
+    return found
+
+
+def _dicts_within(node: Any) -> list[dict[str, Any]]:
+    """Every dict inside ``node``, itself included (every subschema, and some dicts that are not)."""
+    found: list[dict[str, Any]] = []
+    stack: list[Any] = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            found.append(item)
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def dispatch(
+    schema: dict[str, Any], min_enum_values: int, *, patterns: bool = True
+) -> tuple[dict[str, Any], list[EnumSite]]:
+    """A copy of ``schema`` with every enum site replaced by a const placeholder
+    (``schema`` itself is not modified). ``patterns=False`` builds no pattern automaton (a
+    serving front end checks a schema's errors without the costly part of its compile).
+
+    Returns the rewritten schema and the sites, in the order they were found.
+    """
+    nonce = secrets.token_hex(8)
+    sites: list[EnumSite] = []
+    key_schemas = _key_schemas(schema)
+    budget = _PatternBudget(MAX_DISPATCHED_PATTERNS if patterns else 0)
+
+    def distinct(values: list[Any]) -> tuple[Any, ...]:
+        if all(type(value) is str for value in values):
+            return tuple(dict.fromkeys(values))
+        unique: dict[str, Any] = {}
+        for value in values:  # 1 and 1.0 are one JSON value; True and 1 are not
+            unique.setdefault(json.dumps(value, sort_keys=True) + type(value).__name__[:1], value)
+        return tuple(unique.values())
+
+    def visit(node: Any, path: str, keys: bool = False) -> Any:
+        """``keys``: the node describes property names (``propertyNames``, and what it
+        references), which stay xgrammar's: a field's sentinel stands for a value, never a key."""
+        if not isinstance(node, dict):
+            return node
+        keys = keys or id(node) in key_schemas
+        for keyword in _UNENFORCED.keys() & node.keys():
+            if node[keyword] is not _UNENFORCED[keyword] or _UNENFORCED[keyword] is None:
+                raise SchemaError(
+                    f"{path}.{keyword}: the structural engine (xgrammar) does not enforce {keyword!r}, so the "
+                    "output could break it; remove it or express it with supported keywords",
+                    path=f"{path}.{keyword}",
+                )
+        found = None if keys else _enum_values(node, path)
+        if found is not None:
+            values = distinct(found[0])
+            if len(values) >= min_enum_values:
+                placeholder = f"triemask-{nonce}-{len(sites)}"
+                sites.append(EnumSite(found[1], values, placeholder))
+                return {"const": placeholder}
+        finite = None if keys else _finite_string(node, path, budget)
+        if finite is not None:
+            placeholder = f"triemask-{nonce}-{len(sites)}"
+            sites.append(EnumSite(finite[1], (), placeholder, finite[0]))
+            return {"const": placeholder}
+        node = dict(node)  # shallow: the caller's schema is never modified, enum lists are not copied
+        for key in _MAP:
+            children = node.get(key)
+            if isinstance(children, dict):
+                node[key] = {
+                    name: visit(child, _key_path(_key_path(path, key), name), keys) for name, child in children.items()
+                }
+        for key in _LIST:
+            children = node.get(key)
+            if isinstance(children, list):
+                node[key] = [visit(child, f"{path}.{key}[{i}]", keys) for i, child in enumerate(children)]
+        for key in _ONE:
+            if isinstance(node.get(key), dict):
+                node[key] = visit(node[key], f"{path}.{key}", keys)
+        return node
+
+    try:
+        return visit(schema, "$"), sites
+    except RecursionError:
+        raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
+
+
+def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
+    """The JSON text of each value, as the structural engine spells it.
+
+    Strings: picojson's escapes (``\\"``, ``\\\\``, the short escapes, ``\\u00xx`` for the
+    other control characters and DEL), everything else as raw UTF-8. Numbers, booleans
+    and null: the text xgrammar itself prints for them (it reformats numbers: ``1.0``
+    is ``1``, ``1e20`` is ``1e+20``), read from the grammar it builds.
+    """
+    if all(type(value) is str for value in values) and _NEEDS_ESCAPE.search("".join(values)) is None:
+        # the common case: every text is its value in quotes (one encode, no NUL inside)
+        return ('"' + '"\x00"'.join(values) + '"').encode("utf-8").split(b"\x00")
+    texts: list[bytes | None] = []
+    others: list[Any] = []
+    for value in values:
+        if isinstance(value, str):
+            if _NEEDS_ESCAPE.search(value) is None:  # most values: the text is the value in quotes
+                texts.append(f'"{value}"'.encode())
+            else:
+                texts.append(json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f").encode("utf-8"))
+        else:
+            texts.append(None)
+            others.append(value)
+    if others:
+        spelled = iter(_xgrammar_literals(others, path))
+        texts = [text if text is not None else next(spelled) for text in texts]
+    return [text for text in texts if text is not None]
+
+
+def _xgrammar_literals(values: list[Any], path: str) -> list[bytes]:
+    import xgrammar
+
+    grammar = str(xgrammar.Grammar.from_json_schema(json.dumps({"enum": values})))
+    root = next(line for line in grammar.splitlines() if line.startswith("root ::= "))
+    literals = re.findall(r'\("([^"\\]*)"\)', root)
+    if len(literals) != len(values):  # pragma: no cover - a change in xgrammar's printing
+        raise SchemaError(f"{path}: cannot read xgrammar's spelling of {values!r:.80}", path=path)
+    return [literal.encode("ascii") for literal in literals]

@@ -1,0 +1,131 @@
+"""The structural grammar of a mixed schema: sentinels where fields go, checked unforgeable,
+and where a value may start and end inside a token."""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from importlib.metadata import version
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from ..base import SchemaError
+
+DEFAULT_MIN_ENUM_VALUES = 256
+"""Enums with at least this many values go to a trie. Measured (``python -m benchmarks
+schemas --threshold``, docs/schemas.md): from about 128-256 values on the trie compiles faster
+than xgrammar's alternation, 3x faster at 1,000 and 25-100x beyond 10,000; per step xgrammar
+is faster up to a few thousand values, so schemas reused by many requests may want more."""
+
+_FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
+_VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
+_BEFORE_VALUE = re.compile(rb"(?:.*[:,\[])?[ \t\n\r]*\Z", re.S)  # structure a value can follow
+_SENTINEL_LEAD = 0xFF  # never in UTF-8, so in no text of the structure's language
+_SENTINEL_DIGITS = bytes(range(0x10, 0x20))
+STRUCT = -1
+
+
+def _sentinel(k: int, width: int) -> bytes:
+    return bytes([_SENTINEL_LEAD, *(_SENTINEL_DIGITS[(k >> (4 * i)) & 15] for i in reversed(range(width)))])
+
+
+def _starts(token: bytes, first: bytes) -> list[int]:
+    """Offsets in ``token`` where a value starting with one of ``first`` may begin."""
+    return [j for j, c in enumerate(token) if c in first and (j == 0 or _BEFORE_VALUE.match(token, 0, j))]
+
+
+def _ends(token: bytes, last: bytes) -> list[int]:
+    """Offsets ``i`` in ``token`` where a value ending with one of ``last`` may stop."""
+    return [i for i in range(1, len(token)) if token[i] in _FOLLOW and token[i - 1] in last]
+
+
+_FREE_TEXT = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "string", "maxLength": 8},
+        {"type": "string", "minLength": 1, "maxLength": 8},
+        {"type": "string", "pattern": "[^a]{0,8}"},
+        {"type": "string", "pattern": ".{0,8}"},
+        {"type": "string", "pattern": "[\\s\\S]{0,8}"},
+        {"type": "string", "pattern": "^[\\x00-\\uffff]+$"},
+        {"type": "string", "format": "email"},
+        {"type": "string", "format": "uri"},
+        {"type": "string", "format": "date-time"},
+        {"type": "object", "additionalProperties": {"type": "string", "maxLength": 4}},
+    ]
+}
+_INTO_FREE_TEXT = (b'"', b'"b', b'"a@', b'{"', b'{"k": "')
+
+
+@cache
+def _check_entry_unforgeable() -> None:
+    """Refuse an xgrammar whose free text can hold byte 0xFF: a field's entry (the sentinel)
+    would then be forgeable inside a string. Once per process, on 256 one-byte tokens."""
+    import xgrammar
+
+    table = [bytes([b]) for b in range(256)]
+    compiler = xgrammar.GrammarCompiler(
+        xgrammar.TokenizerInfo(table, xgrammar.VocabType.RAW, vocab_size=256, stop_token_ids=[]),
+        cache_enabled=False,
+    )
+    start = xgrammar.GrammarMatcher(compiler.compile_json_schema(json.dumps(_FREE_TEXT), any_whitespace=False))
+    mask = np.zeros((1, 8), dtype=np.int32)
+    for prefix in _INTO_FREE_TEXT:
+        matcher = start.fork()
+        if not matcher.accept_string(prefix):  # pragma: no cover - a change in xgrammar's JSON
+            raise ImportError(f"triemask cannot check xgrammar's free text: it refuses {prefix!r}")
+        matcher.fill_next_token_bitmask(mask)
+        in_mask = (int(mask[0, _SENTINEL_LEAD >> 5]) >> (_SENTINEL_LEAD & 31)) & 1
+        if in_mask or matcher.fork().accept_string(bytes([_SENTINEL_LEAD])):
+            raise ImportError(
+                f"the installed xgrammar ({version('xgrammar')}) lets free text (after {prefix!r}) hold byte "
+                f"0x{_SENTINEL_LEAD:02X}, with which triemask marks where a field's value may start: its schemas "
+                "would accept invalid JSON. Install an xgrammar that keeps strings UTF-8 (0.2.x)."
+            )
+
+
+def _structure_grammar(ebnf: str, sentinels: dict[str, bytes]) -> Any:
+    """xgrammar's grammar of ``ebnf`` with each placeholder's literal (its JSON text, a key
+    of ``sentinels``) made that field's sentinel.
+
+    xgrammar's EBNF spells code points, so a byte that is not UTF-8 can only be written into
+    the parsed grammar: its serialised expressions, where a byte string is
+    ``[0, length, byte...]`` (the same in every xgrammar since 0.2.1). Placeholders hold a
+    random nonce, so no other literal equals one; each must be found.
+    """
+    import xgrammar
+
+    data = json.loads(xgrammar.Grammar.from_ebnf(ebnf).serialize_json())
+    exprs, starts = data["grammar_expr_data"], data["grammar_expr_indptr"]
+    wanted = {tuple(json.dumps(p).encode()): sentinel for p, sentinel in sentinels.items()}
+    found = set()
+    rewritten: list[int] = []
+    new_starts: list[int] = []
+    for start, end in zip(starts, [*starts[1:], len(exprs)], strict=True):
+        expr = exprs[start:end]
+        sentinel = wanted.get(tuple(expr[2:])) if expr[0] == 0 and expr[1] == len(expr) - 2 else None
+        if sentinel is not None:
+            expr = [0, len(sentinel), *sentinel]
+            found.add(sentinel)
+        new_starts.append(len(rewritten))
+        rewritten += expr
+    if len(found) != len(set(sentinels.values())):  # pragma: no cover - a change in xgrammar's grammar layout
+        raise SchemaError("cannot mark the enum fields in xgrammar's grammar (its layout changed?)", path="$")
+    data["grammar_expr_data"], data["grammar_expr_indptr"] = rewritten, new_starts
+    return xgrammar.Grammar.deserialize_json(json.dumps(data))
+
+
+# --------------------------------------------------------------------------- per vocabulary
+
+
+class Configuration(NamedTuple):
+    """One reading of the output so far (a decoding state is a few of them, usually one)."""
+
+    schema: Any  # the CompiledSchema whose grammar ``matcher`` runs (a tool's arguments have their own)
+    matcher: Any  # xgrammar's matcher: in the structure, or just past the field's sentinel
+    field: int  # the trie field whose value is being spelled, or STRUCT
+    node: int  # the node of that field's trie (0 in STRUCT)
+    value_start: bytes  # the output before the value
+    cache: Any  # shared by the configurations of one value (None in STRUCT)

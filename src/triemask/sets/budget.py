@@ -1,0 +1,74 @@
+"""Compile budgets: what an automaton may cost before it is built."""
+
+from __future__ import annotations
+
+from ..base import MemoryLimitError, ValueSetError, integer
+
+
+def _budget(max_bytes: int | None) -> int | None:
+    """``max_bytes`` checked: None, or a positive integer (``ValueSetError`` otherwise)."""
+    if max_bytes is None:
+        return None
+    max_bytes = integer(max_bytes, "max_bytes", ValueSetError, "a positive integer")
+    if max_bytes <= 0:
+        raise ValueSetError(f"max_bytes must be a positive integer, got {max_bytes}")
+    return max_bytes
+
+
+class _EdgeBudget:
+    """The edges an acyclic automaton's compile may make within ``max_bytes`` (8 bytes each
+    in the automaton, 8 more while they are sorted), spent as the matching finds them and
+    checked against what the next step will hold, so a hostile pattern is refused after
+    work proportional to the budget, before the large allocations."""
+
+    BYTES_PER_EDGE = 16
+    WORK_PER_EDGE = 1  # frontier entries the matching may visit per edge of the budget
+
+    def __init__(self, max_bytes: int | None, num_nodes: int, pattern: str | None) -> None:
+        self.max_bytes = max_bytes
+        fixed = 16 * (num_nodes + 1)  # the offsets and levels
+        self.max_edges = -1 if max_bytes is None else (max_bytes - fixed) // self.BYTES_PER_EDGE
+        self.spent = self.work = 0
+        self.what = f"the automaton of {pattern!r:.60}" if pattern is not None else "the automaton"
+
+    def spend(self, edges: int, frontier: int) -> None:
+        """``edges`` found; the next step visits ``frontier`` entries (the work, bounded too:
+        most of a wide pattern's paths end in no token, and cost all the same)."""
+        self.spent += edges
+        self.work += frontier
+        if self.max_bytes is None:
+            return
+        if max(self.spent, frontier) > self.max_edges:
+            self._refuse(max(self.spent, frontier))
+        if self.work > self.WORK_PER_EDGE * self.max_edges:
+            raise MemoryLimitError(
+                f"matching {self.what} against this vocabulary visits more than {self.work:,} paths, more "
+                f"than max_bytes={self.max_bytes:,} allows ({self.WORK_PER_EDGE} per edge it could hold)",
+                limit=self.max_bytes,
+                needed=self.work // self.WORK_PER_EDGE * self.BYTES_PER_EDGE,
+            )
+
+    def check_total(self, edges: int) -> None:
+        if self.max_bytes is not None and edges > self.max_edges:
+            self._refuse(edges)
+
+    def _refuse(self, edges: int) -> None:
+        assert self.max_bytes is not None
+        raise MemoryLimitError(
+            f"{self.what} needs at least {edges * self.BYTES_PER_EDGE:,} bytes for its edges with this "
+            f"vocabulary, more than max_bytes={self.max_bytes:,}",
+            limit=self.max_bytes,
+            needed=edges * self.BYTES_PER_EDGE,
+        )
+
+
+def _over_budget(limit: int, needed: int, what: str) -> MemoryLimitError:
+    return MemoryLimitError(
+        f"the set needs at least {needed:,} bytes for {what}, more than max_bytes={limit:,}: "
+        "raise the limit, split the set, or use layout='dag' for sets with common endings",
+        limit=limit,
+        needed=needed,
+    )
+
+
+# --------------------------------------------------------------------------- values

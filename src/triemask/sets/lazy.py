@@ -1,0 +1,38 @@
+"""The lazy layout's arrays, built from a value trie."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..automata import LAZY_BLOCK, LAZY_DEAD, LAZY_TERMINAL
+from ..base import ByteTrie
+
+
+def lazy_arrays(trie: ByteTrie, live: npt.NDArray[np.bool_] | None) -> dict[str, npt.NDArray[Any]]:
+    """The lazy layout's arrays of a trie; ``live`` marks the nodes from which a token
+    sequence completes a value (None: all, as when every byte is a token)."""
+    n = trie.num_nodes
+    counts = np.bincount(trie.parent[1:], minlength=n)
+    is_terminal = np.zeros(n, dtype=bool)
+    is_terminal[trie.terminal] = True
+    words = counts.astype(np.uint16) | np.where(is_terminal, np.uint16(LAZY_TERMINAL), np.uint16(0))
+    if live is not None:
+        words |= np.where(live[:n], np.uint16(0), np.uint16(LAZY_DEAD))
+    starts = np.arange(0, n, LAZY_BLOCK)
+    child_blocks = np.ones(len(starts) + 1, dtype=np.int32)  # the first child of every 64th node
+    np.cumsum(np.add.reduceat(counts, starts), out=child_blocks[1:])
+    child_blocks[1:] += 1
+    terminal_blocks = np.zeros(len(starts) + 1, dtype=np.int32)  # terminals before every 64th node
+    np.cumsum(np.add.reduceat(is_terminal.view(np.uint8), starts, dtype=np.int64), out=terminal_blocks[1:])
+    return {
+        "node_byte": trie.byte,
+        "node_word": words,
+        "child_blocks": child_blocks,
+        "terminal_blocks": terminal_blocks,
+        # terminal nodes ascending -> the sorted index of their value, and back
+        "terminal_values": np.argsort(trie.terminal, kind="stable").astype(np.int32),
+        "value_nodes": trie.terminal,
+    }
