@@ -62,4 +62,4 @@ def test_old_schema_pickles_and_files_load() -> None:
             matcher = Matcher(old)
             assert matcher.accept_tokens(list(text)) == len(text), name
             assert matcher.value == json.loads(text)
-            assert not Matcher(old).accept_tokens(list(b'{"label": "L300"}')) == 17
+            assert Matcher(old).accept_tokens(list(b'{"label": "L300"}')) < 17  # not a member

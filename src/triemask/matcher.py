@@ -18,7 +18,7 @@ __all__ = ["Matcher"]
 
 class _MatcherCore:
     """The matcher's per-request fields and per-step methods, in Python. With the C
-    extension, ``triemask._native.MatcherCore`` takes its place: the same fields and
+    extension, ``triemask.base._native.MatcherCore`` takes its place: the same fields and
     methods in C (a Python call per step less), deferring to the ``_reference`` methods
     below for whatever the kernel does not take."""
 

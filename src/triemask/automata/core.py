@@ -93,7 +93,7 @@ _ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size 
 
 class _AutomatonCore:
     """TrieAutomaton's per-step methods in Python. With the C extension,
-    ``triemask._native.AutomatonCore`` takes its place: the same methods in C (a Python
+    ``triemask.base._native.AutomatonCore`` takes its place: the same methods in C (a Python
     call per step less), deferring to the ``_reference`` methods for what it does not take."""
 
     __slots__ = ("_kernel",)

@@ -4,7 +4,7 @@
 children, whether a value ends there, whether no token sequence completes a value from
 there) and its byte; first-child ids and terminal ranks are sampled every 64 nodes. A
 node's edges are found on first use by walking its subtrie together with the
-vocabulary's forward token trie (:class:`~triemask._token_index.TokenTrie`): token ``t``
+vocabulary's forward token trie (:class:`~triemask.vocab.token_index.TokenTrie`): token ``t``
 is allowed at node ``a`` exactly when ``bytes(t)`` spells a path down from ``a``, and
 leads where that path ends, which is the compiler's definition, so the masks and states
 equal the eager layout's. Found edges (and the whole row for nodes allowing half a row's

@@ -21,7 +21,7 @@ _EMPTY.flags.writeable = False
 class UpdatedTrieAutomaton(TrieAutomaton):
     """A :class:`TrieAutomaton` made by :meth:`TrieAutomaton.with_values`: its base, tombstones
     for the removed values and a delta automaton of the added ones, merged at lookup (see
-    the module :mod:`triemask._update`). The same masks as a full recompile of the new set;
+    the module :mod:`triemask.sets.update`). The same masks as a full recompile of the new set;
     other state numbers (a pair of the parts' states). Immutable; :meth:`compacted`
     recompiles it into a plain automaton, and saving or pickling saves that."""
 

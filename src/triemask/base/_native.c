@@ -1,5 +1,5 @@
 /*
- * triemask._native: the per-step and batch loops of TrieAutomaton in C.
+ * triemask.base._native: the per-step and batch loops of TrieAutomaton in C.
  *
  * A Kernel holds read-only views (the buffer protocol, no NumPy headers) of one
  * automaton's CSR arrays and answers the hot calls:
@@ -57,8 +57,8 @@ static PyMethodDef module_methods[] = {
     {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
-    {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask._lazy)."},
-    {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask._storage.checksum)."},
+    {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},
+    {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask.base.storage.checksum)."},
     {"spelled_edges", spelled_edges, METH_VARARGS,
      "The first edge whose token does not spell its path, or -1 (see _automaton.first_misspelled_edge)."},
     {NULL, NULL, 0, NULL},
@@ -86,7 +86,7 @@ static PyMethodDef Kernel_methods[] = {
 
 static PyTypeObject KernelType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "triemask._native.Kernel",
+    .tp_name = "triemask.base._native.Kernel",
     .tp_basicsize = sizeof(Kernel),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Read-only views of one automaton's arrays, with the per-step and batch loops.",
@@ -97,7 +97,7 @@ static PyTypeObject KernelType = {
 };
 
 static struct PyModuleDef native_module = {
-    PyModuleDef_HEAD_INIT, "triemask._native",
+    PyModuleDef_HEAD_INIT, "triemask.base._native",
     "C loops for triemask's per-step, batch and compile paths (the NumPy code is the reference).", -1,
     module_methods, NULL, NULL, NULL, NULL,
 };

@@ -1,6 +1,6 @@
 
 /* checksum(buffer) -> int: the file format's checksum of a run of bytes (see
- * triemask._storage.checksum, the NumPy reference): the bytes as little-endian 64-bit words
+ * triemask.base.storage.checksum, the NumPy reference): the bytes as little-endian 64-bit words
  * (the last one padded with zeros), each word i mixed by a bijection of (word + (i + 1) * K1),
  * the results summed and the sum mixed with the length. A changed word always changes its
  * term, so any corruption inside one word is caught; the GIL is released, so pieces of a

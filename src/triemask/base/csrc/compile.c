@@ -112,7 +112,7 @@ static int Tables_init(Tables *self, PyObject *args, PyObject *kwds) {
 
 static PyTypeObject TablesType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "triemask._native.Tables",
+    .tp_name = "triemask.base._native.Tables",
     .tp_basicsize = sizeof(Tables),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A token index's transition tables, checked once, for match_trie.",

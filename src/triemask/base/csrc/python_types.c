@@ -111,7 +111,7 @@ static PyMemberDef MatcherCore_members[] = {
 
 static PyTypeObject MatcherCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "triemask._native.MatcherCore",
+    .tp_name = "triemask.base._native.MatcherCore",
     .tp_basicsize = sizeof(MatcherCore),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "The per-request state of triemask.Matcher and its per-step methods in C.",
@@ -203,7 +203,7 @@ static PyMemberDef AutomatonCore_members[] = {
 
 static PyTypeObject AutomatonCoreType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "triemask._native.AutomatonCore",
+    .tp_name = "triemask.base._native.AutomatonCore",
     .tp_basicsize = sizeof(AutomatonCore),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
     .tp_doc = "The base of triemask.TrieAutomaton: its per-step methods in C.",

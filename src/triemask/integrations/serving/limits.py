@@ -41,7 +41,7 @@ class Limits:
     before it is parsed), ``$TRIEMASK_MAX_AUTOMATON_BYTES`` (the automaton a regex compiles
     to for the model's vocabulary: ``.{0,1000}`` is 9 bytes and would take gigabytes) and
     ``$TRIEMASK_MAX_SCHEMA_COST_MS`` (the structural engine's compile of a schema, or of one
-    tool's parameters, estimated from what it holds: :func:`triemask._schema.structure_cost`)."""
+    tool's parameters, estimated from what it holds: :func:`triemask.schemas.reading.structure_cost`)."""
 
     max_values: int = 100_000
     max_value_bytes: int = 1024
