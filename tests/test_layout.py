@@ -243,3 +243,21 @@ def test_one_version() -> None:
 # That triemask.choose, generate_json and load_default_model are visible to type checkers
 # (imported on first use, they would otherwise type as `object`) is checked by mypy itself:
 # `make typecheck` includes tests/typing_usage.py.
+
+
+def test_every_automaton_kind_implements_the_declared_interface() -> None:
+    from conftest import byte_vocabulary
+    from triemask import Compiler
+    from triemask.automata import Automaton
+
+    compiler = Compiler(byte_vocabulary(), disk_cache=False)
+    trie = compiler.compile([f"v{i}" for i in range(100)])  # a change of 1%: merged at lookup
+    kinds = [trie, compiler.compile(["a", "ab"], layout="lazy"), compiler.compile_format("date")]
+    kinds.append(trie.with_values(added=["c"]))
+    assert [type(k).__name__ for k in kinds] == [
+        "TrieAutomaton",
+        "LazyTrieAutomaton",
+        "DagAutomaton",
+        "UpdatedTrieAutomaton",
+    ]
+    assert all(isinstance(k, Automaton) for k in kinds)

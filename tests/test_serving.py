@@ -234,7 +234,9 @@ def test_registered_sets_that_do_not_compile_stop_the_start_up(tmp_path, monkeyp
         ("regex", "^(?:yes|no|maybe)$", ["yes", "no", "maybe"]),
         ("regex", r"(slack\.send_message|a\|b|caf\u00e9)", ["slack.send_message", "a|b", "café"]),
         ("regex", "[a-z]+", None),
-        ("regex", "(a)|(b)", None),
+        ("regex", "(a)|(b)", ["a", "b"]),  # groups are read as the patterns compiler reads them
+        ("regex", "a(b|c)", None),
+        ("regex", "[ab]", None),
         ("regex", r"a\d", None),
         ("regex", "colou?r", None),
         ("ebnf", 'root ::= "yes" | "no"', ["yes", "no"]),

@@ -16,7 +16,6 @@ import json
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -24,7 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .automata import TrieAutomaton
-from .base import ArgumentTypeError, AutomatonFileError, ValueSetError, integer, storage, values_fingerprint
+from .base import ArgumentTypeError, AutomatonFileError, BoundedLRU, ValueSetError, integer, storage, values_fingerprint
 from .compiler import Compiler
 from .schemas import CompiledSchema, CompiledTools
 
@@ -91,12 +90,11 @@ class CompileCache:
             raise ValueSetError(f"cache bounds must be non-negative, got {max_bytes} and {max_disk_bytes}")
         # a folder others could write into is not used (its files would be loaded): one warning
         self.directory = storage.trusted_directory(Path(directory))[0] if directory is not None else None
-        self._entries: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._aliases: OrderedDict[tuple[str, str], str] = OrderedDict()
+        self._entries: BoundedLRU[Hashable, Any] = BoundedLRU(self.max_bytes)  # by the entries' bytes
+        self._aliases: BoundedLRU[tuple[str, str], str] = BoundedLRU(_ALIASES)
         self._pending: dict[Hashable, threading.Event] = {}
         self._lock = threading.Lock()
-        self._bytes = 0
-        self._counts = {"hits": 0, "misses": 0, "evictions": 0, "not_kept": 0, "disk_hits": 0, "disk_writes": 0}
+        self._counts = {"hits": 0, "misses": 0, "not_kept": 0, "disk_hits": 0, "disk_writes": 0}
         self._compile_seconds = 0.0
 
     # ------------------------------------------------------------------ sets
@@ -109,14 +107,11 @@ class CompileCache:
             with self._lock:
                 known = self._aliases.get((compiler.vocab.fingerprint, exact))
                 if known is not None:
-                    self._aliases.move_to_end((compiler.vocab.fingerprint, exact))
                     return known
         fingerprint = values_fingerprint(values)
         if exact is not None:
             with self._lock:
-                self._aliases[(compiler.vocab.fingerprint, exact)] = fingerprint
-                while len(self._aliases) > _ALIASES:
-                    self._aliases.popitem(last=False)
+                self._aliases.put((compiler.vocab.fingerprint, exact), fingerprint)
         return fingerprint
 
     def compile(
@@ -203,9 +198,8 @@ class CompileCache:
             with self._lock:
                 entry = self._entries.get(key)
                 if entry is not None:
-                    self._entries.move_to_end(key)
                     self._counts["hits"] += 1
-                    found: _T = entry[0]
+                    found: _T = entry
                     return found
                 waiting = self._pending.get(key)
                 if waiting is None:
@@ -224,14 +218,7 @@ class CompileCache:
             nbytes = int(size(built))
             with self._lock:
                 self._compile_seconds += time.perf_counter() - started
-                if nbytes <= self.max_bytes:
-                    self._entries[key] = (built, nbytes)
-                    self._bytes += nbytes
-                    while self._bytes > self.max_bytes:
-                        _, (_, evicted) = self._entries.popitem(last=False)
-                        self._bytes -= evicted
-                        self._counts["evictions"] += 1
-                else:
+                if not self._entries.put(key, built, nbytes):
                     self._counts["not_kept"] += 1
             return built
         finally:
@@ -302,8 +289,9 @@ class CompileCache:
         with self._lock:
             return {
                 "entries": len(self._entries),
-                "bytes": self._bytes,
+                "bytes": self._entries.used,
                 "max_bytes": self.max_bytes,
+                "evictions": self._entries.evictions,
                 **self._counts,
                 "compile_seconds": self._compile_seconds,
                 "directory": None if self.directory is None else str(self.directory),
@@ -314,7 +302,6 @@ class CompileCache:
         with self._lock:
             self._entries.clear()
             self._aliases.clear()
-            self._bytes = 0
         if disk and self.directory is not None:
             for path in self._files():
                 path.unlink(missing_ok=True)

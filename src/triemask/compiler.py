@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schemas import DEFAULT_MIN_ENUM_VALUES, DEFAULT_TOOL_CACHE_BYTES, CompiledSchema, CompiledTools
+from .schemas import DEFAULT_TOOL_CACHE_BYTES, CompiledSchema, CompiledTools, SchemaOptions
 from .sets import SetCompiler
 
 __all__ = ["Compiler"]
@@ -78,15 +78,16 @@ class Compiler(SetCompiler):
         ImportError
             xgrammar is not installed (``pip install 'triemask[schema]'``).
         """
-        return CompiledSchema(
-            self,
-            schema,
-            any_whitespace=any_whitespace,
-            indent=indent,
-            separators=separators,
-            strict_mode=strict_mode,
-            min_enum_values=DEFAULT_MIN_ENUM_VALUES if min_enum_values is None else min_enum_values,
+        options = SchemaOptions.given(
+            {
+                "any_whitespace": any_whitespace,
+                "indent": indent,
+                "separators": separators,
+                "strict_mode": strict_mode,
+                "min_enum_values": min_enum_values,
+            }
         )
+        return CompiledSchema(self, schema, options)
 
     def compile_tools(
         self,
@@ -123,13 +124,15 @@ class Compiler(SetCompiler):
             it, e.g. ``$[3].function.name``); a tool's bad parameters when that tool
             is first compiled.
         """
+        options = SchemaOptions.given(
+            {
+                "any_whitespace": any_whitespace,
+                "indent": indent,
+                "separators": separators,
+                "strict_mode": strict_mode,
+                "min_enum_values": min_enum_values,
+            }
+        )
         return CompiledTools(
-            self,
-            tools,
-            any_whitespace=any_whitespace,
-            indent=indent,
-            separators=separators,
-            strict_mode=strict_mode,
-            min_enum_values=DEFAULT_MIN_ENUM_VALUES if min_enum_values is None else min_enum_values,
-            cache_bytes=DEFAULT_TOOL_CACHE_BYTES if cache_bytes is None else cache_bytes,
+            self, tools, options, cache_bytes=DEFAULT_TOOL_CACHE_BYTES if cache_bytes is None else cache_bytes
         )

@@ -4,6 +4,7 @@ lookups, fills, stats, files. Imports ``base`` and ``vocab``."""
 from .core import DEAD, AutomatonMeta
 from .dag import DagAutomaton
 from .lazy import DEFAULT_CACHE_BYTES, LAZY_BLOCK, LAZY_DEAD, LAZY_TERMINAL, LazyTrieAutomaton
+from .protocol import Automaton
 from .trie import TrieAutomaton, automaton_from_bytes, native_kernel, restore_parts, restore_stored
 from .updated import UpdatedTrieAutomaton
 
@@ -13,6 +14,7 @@ __all__ = [
     "LAZY_BLOCK",
     "LAZY_DEAD",
     "LAZY_TERMINAL",
+    "Automaton",
     "AutomatonMeta",
     "DagAutomaton",
     "LazyTrieAutomaton",

@@ -20,13 +20,20 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections import OrderedDict
 from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from ..base import ArgumentTypeError, AutomatonFileError, ValueIndexError, bitmask_width, kernels, register_kind
+from ..base import (
+    ArgumentTypeError,
+    AutomatonFileError,
+    BoundedLRU,
+    ValueIndexError,
+    bitmask_width,
+    kernels,
+    register_kind,
+)
 from ..vocab import TokenTrie, token_trie_of
 from .checks import expect_dtype, utf8_steps
 from .core import DEAD, AutomatonMeta, dense_threshold, set_bits, state_index
@@ -76,12 +83,7 @@ class LazyTrieAutomaton(TrieAutomaton):
 
     __slots__ = (
         "_cache",
-        "_cache_evictions",
-        "_cache_hits",
-        "_cache_limit",
         "_cache_lock",
-        "_cache_misses",
-        "_cache_used",
         "_child_blocks",
         "_node_byte",
         "_node_word",
@@ -121,14 +123,12 @@ class LazyTrieAutomaton(TrieAutomaton):
         self._width = bitmask_width(meta.vocab_size)
         self._compiler = None if compiler is None else weakref.ref(compiler)
         self._set_fingerprint = set_fingerprint
-        self._cache_limit = cache_bytes
         self._dense_nodes = np.zeros(0, dtype=np.int32)  # no rows stored whole: the cache holds them
         for array in self._arrays():
             array.flags.writeable = False
         self._token_keys: npt.NDArray[np.int64] | None = None  # the NumPy reference's child keys
-        self._cache: OrderedDict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] = OrderedDict()
+        self._cache: BoundedLRU[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]] = BoundedLRU(cache_bytes)
         self._cache_lock = threading.Lock()
-        self._cache_used = self._cache_hits = self._cache_misses = self._cache_evictions = 0
         self._kernel: Any = None
         native = kernels.KERNELS
         if native is not None:  # the cache and every per-step and batch loop in C
@@ -164,7 +164,7 @@ class LazyTrieAutomaton(TrieAutomaton):
     _TOKEN_ARRAYS: ClassVar[tuple[str, ...]] = ("children", "node_byte", "token_offsets", "token_ids")
 
     def _file_meta(self) -> dict[str, Any]:
-        return {**super()._file_meta(), "cache_bytes": self._cache_limit, "set_fingerprint": self._set_fingerprint}
+        return {**super()._file_meta(), "cache_bytes": self._cache.limit, "set_fingerprint": self._set_fingerprint}
 
     def _stored_arrays(self) -> dict[str, npt.NDArray[Any]]:
         arrays = super()._stored_arrays()
@@ -269,7 +269,7 @@ class LazyTrieAutomaton(TrieAutomaton):
     @property
     def cache_bytes(self) -> int:
         """The cache's bound in bytes."""
-        return self._cache_limit
+        return self._cache.limit
 
     def cache_info(self) -> dict[str, int]:
         """The edge cache: ``bytes`` in use, ``limit``, ``entries`` (nodes cached), and the
@@ -279,12 +279,12 @@ class LazyTrieAutomaton(TrieAutomaton):
             return info
         with self._cache_lock:
             return {
-                "bytes": self._cache_used,
-                "limit": self._cache_limit,
+                "bytes": self._cache.used,
+                "limit": self._cache.limit,
                 "entries": len(self._cache),
-                "hits": self._cache_hits,
-                "misses": self._cache_misses,
-                "evictions": self._cache_evictions,
+                "hits": self._cache.hits,
+                "misses": self._cache.misses,
+                "evictions": self._cache.evictions,
             }
 
     def cache_clear(self) -> None:
@@ -293,7 +293,6 @@ class LazyTrieAutomaton(TrieAutomaton):
             self._kernel.cache_clear()
         with self._cache_lock:
             self._cache.clear()
-            self._cache_used = 0
 
     # ------------------------------------------------------------------ edges
 
@@ -306,22 +305,11 @@ class LazyTrieAutomaton(TrieAutomaton):
             return tokens, dests
         with self._cache_lock:
             cached = self._cache.get(node)
-            if cached is not None:
-                self._cache_hits += 1
-                self._cache.move_to_end(node)
-                return cached
-            self._cache_misses += 1
+        if cached is not None:
+            return cached
         edges = self._edges_reference(node)
-        size = _ENTRY_BYTES + 8 * len(edges[0])
         with self._cache_lock:
-            if size <= self._cache_limit and node not in self._cache:
-                while self._cache and self._cache_used + size > self._cache_limit:
-                    _, (evicted, _) = self._cache.popitem(last=False)
-                    self._cache_used -= _ENTRY_BYTES + 8 * len(evicted)
-                    self._cache_evictions += 1
-                self._cache[node] = edges
-                self._cache_used += size
-        return edges
+            return self._cache.setdefault(node, edges, _ENTRY_BYTES + 8 * len(edges[0]))
 
     def _edges_reference(self, node: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]:
         """A node's edges from first principles, level by level with NumPy: the pairs

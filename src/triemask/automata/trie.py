@@ -337,6 +337,11 @@ class TrieAutomaton(AutomatonBase):
     # ------------------------------------------------------------------ properties
 
     @property
+    def meta(self) -> AutomatonMeta:
+        """The vocabulary it was compiled for, EOS, the values' type and the compile's record."""
+        return self._meta
+
+    @property
     def initial_state(self) -> int:
         """The state before any token: the empty prefix (0)."""
         return 0

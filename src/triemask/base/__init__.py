@@ -22,6 +22,7 @@ from .errors import (
     integer,
 )
 from .kinds import kind_class, kinds_of, register_kind
+from .lru import BoundedLRU
 from .storage import cache_directory, read, read_regular_file
 from .trie import ByteTrie, build_trie
 from .values import encode_values, set_fingerprint, values_fingerprint
@@ -31,6 +32,7 @@ __all__ = [
     "ArgumentTypeError",
     "AutomatonFileError",
     "BitmaskError",
+    "BoundedLRU",
     "ByteDag",
     "ByteTrie",
     "IncompatibleValueError",

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
 from ..automata import TrieAutomaton
-from ..base import MemoryLimitError
+from ..base import BoundedLRU, MemoryLimitError
 from ..compiler import Compiler
 from ..matcher import Matcher
 from ..schemas import (
@@ -76,8 +75,7 @@ __all__ = ["TriemaskGrammar", "TriemaskGrammarBackend", "TriemaskLogitProcessor"
 _LOCK = threading.Lock()
 _SETS: dict[tuple[int, int, str], CompiledSets] = {}  # per tokenizer, logits width and device
 # per request id, with the set cache it belongs to; processors are re-instantiated per batch
-_ROWS: OrderedDict[str, tuple[Row, CompiledSets]] = OrderedDict()
-_MAX_ROWS = 1 << 16
+_ROWS: BoundedLRU[str, tuple[Row, CompiledSets]] = BoundedLRU(1 << 16)
 
 
 def _sets_for(req: Any, device: Any) -> CompiledSets:
@@ -143,9 +141,7 @@ class TriemaskLogitProcessor(CustomLogitProcessor):  # type: ignore[misc]
             _abort(req, f"triemask: {error}")
             row = Row.ended(sets, req.output_ids)
         with _LOCK:
-            _ROWS[req.rid] = (row, sets)
-            while len(_ROWS) > _MAX_ROWS:
-                _ROWS.popitem(last=False)
+            _ROWS.put(req.rid, (row, sets))
         return row, sets
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -22,7 +21,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..automata import DEAD, DagAutomaton, TrieAutomaton
-from ..base import ArgumentTypeError, BitmaskError, StateError, VocabularyError
+from ..base import ArgumentTypeError, BitmaskError, BoundedLRU, StateError, VocabularyError
 from ..cache import default_compile_cache
 from ..compiler import Compiler
 from ..schemas import CompiledSchema, SchemaMatcher, allowed_token_rows
@@ -234,8 +233,7 @@ def _step(matcher: SchemaMatcher | None, token: int) -> SchemaMatcher | None:
 
 
 # per vocabulary fingerprint: the index is built once (a few models per process: bounded by count)
-_COMPILERS: OrderedDict[str, Compiler] = OrderedDict()
-_MAX_COMPILERS = 8
+_COMPILERS: BoundedLRU[str, Compiler] = BoundedLRU(8)
 _COMPILERS_LOCK = threading.Lock()
 
 
@@ -410,15 +408,11 @@ def compiler_for(model: Any, tokenizer: Any) -> Compiler:
     )
     with _COMPILERS_LOCK:
         compiler = _COMPILERS.get(vocab.fingerprint)
-        if compiler is not None:
-            _COMPILERS.move_to_end(vocab.fingerprint)
-            return compiler
+    if compiler is not None:
+        return compiler
     compiler = Compiler(vocab)  # outside the lock: building an index takes a while
     with _COMPILERS_LOCK:
-        compiler = _COMPILERS.setdefault(vocab.fingerprint, compiler)
-        while len(_COMPILERS) > _MAX_COMPILERS:
-            _COMPILERS.popitem(last=False)
-    return compiler
+        return _COMPILERS.setdefault(vocab.fingerprint, compiler)
 
 
 def render_prompt(tokenizer: Any, prompt: str, system: str | None) -> str:

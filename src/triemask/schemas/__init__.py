@@ -2,7 +2,7 @@
 compiled schema, its decoding engine and matcher. Imports every layer below."""
 
 from .compiled import CompiledSchema, schema_from_bytes
-from .fields import stored_field_automaton
+from .fields import SchemaOptions, stored_field_automaton
 from .matcher import SchemaMatcher, allowed_token_rows, fill_next_token_bitmasks
 from .reading import TOO_DEEP, dispatch, load_schema, structure_cost
 from .structure import DEFAULT_MIN_ENUM_VALUES
@@ -16,6 +16,7 @@ __all__ = [
     "CompiledSchema",
     "CompiledTools",
     "SchemaMatcher",
+    "SchemaOptions",
     "allowed_token_rows",
     "dispatch",
     "fill_next_token_bitmasks",

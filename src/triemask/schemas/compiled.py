@@ -42,7 +42,6 @@ state kept per output removes the tokens that would break it (:class:`Lexical`).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import time
@@ -59,7 +58,6 @@ from ..base import (
     SchemaError,
     StateError,
     TriemaskError,
-    integer,
     kind_class,
     kinds_of,
     register_kind,
@@ -70,17 +68,17 @@ from ..vocab import Vocabulary
 from .engine import SchemaEngine
 from .fields import (
     Field,
+    SchemaOptions,
     _array_text,
     _compile_field,
     _field_tables,
     _fingerprint,
-    _json_separators,
     _restore_field,
     _text_array,
     field_sentinels,
 )
 from .reading import dispatch, load_schema
-from .structure import DEFAULT_MIN_ENUM_VALUES, _sentinel, _structure_grammar
+from .structure import _sentinel, _structure_grammar
 from .support import _require_xgrammar, _support
 
 
@@ -97,33 +95,20 @@ class CompiledSchema(SchemaEngine):
         self,
         compiler: SetCompiler,
         schema: Any,
-        *,
-        any_whitespace: bool = True,
-        indent: int | None = None,
-        separators: tuple[str, str] | None = None,
-        strict_mode: bool = True,
-        min_enum_values: int = DEFAULT_MIN_ENUM_VALUES,
+        options: SchemaOptions = SchemaOptions(),  # noqa: B008 (immutable)
     ) -> None:
         _require_xgrammar()
         import xgrammar
 
         started = time.perf_counter()
-        min_enum_values = integer(min_enum_values, "min_enum_values", SchemaError, "a positive integer")
-        if min_enum_values < 1:
-            raise SchemaError(f"min_enum_values must be at least 1, got {min_enum_values}", path="$")
-        self._options: dict[str, Any] = {
-            "any_whitespace": any_whitespace,
-            "indent": indent,
-            "separators": _json_separators(separators),
-            "strict_mode": strict_mode,
-        }
+        self._options = options
         self._schema = load_schema(schema)
-        structural, sites = dispatch(self._schema, min_enum_values)
+        structural, sites = dispatch(self._schema, options.min_enum_values)
         self._vocab = compiler.vocab
         support = _support(self._vocab)
         self._support = support
         try:
-            grammar = xgrammar.Grammar.from_json_schema(json.dumps(structural), **self._options)
+            grammar = xgrammar.Grammar.from_json_schema(json.dumps(structural), **options.structure())
         except (RuntimeError, ValueError, TypeError) as exc:
             raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
         ebnf = str(grammar)
@@ -142,7 +127,6 @@ class CompiledSchema(SchemaEngine):
             else:
                 f = fields[k]
                 fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, site.placeholder))
-        self._min_enum_values = min_enum_values
         self._ebnf = ebnf
         self._finish(
             fields, support.grammar_compiler.compile_grammar(_structure_grammar(ebnf, field_sentinels(fields)))
@@ -207,7 +191,7 @@ class CompiledSchema(SchemaEngine):
                 for f in self._fields
             ],
             "structure": {"engine": "xgrammar", "memory_bytes": int(self._grammar.memory_size_bytes)},
-            "options": dict(self._options),
+            "options": self._options.to_file(),
             "memory_bytes": self.memory_bytes,
             "compile_seconds": self._compile_seconds,
         }
@@ -226,20 +210,12 @@ class CompiledSchema(SchemaEngine):
         :class:`CompiledTools`) with ``options`` gives: the same JSON and every option equal,
         defaults included. The compile cache checks a file of its disk tier with it, so that
         a file under another schema's name never answers."""
-        defaults = {
-            name: parameter.default
-            for name, parameter in inspect.signature(type(self).__init__).parameters.items()
-            if parameter.default is not inspect.Parameter.empty
-        }
-        if options.keys() - defaults.keys():
-            return False
-        resolved = {name: default if options.get(name) is None else options[name] for name, default in defaults.items()}
         try:
-            resolved["separators"] = _json_separators(resolved["separators"])
+            wanted = self._file_options_given(options)
             described = self._described_for(given)
         except (TriemaskError, TypeError, ValueError, RecursionError):
             return False
-        return _fingerprint(self._kind, described, resolved) == self.fingerprint
+        return _fingerprint(self._kind, described, wanted) == self.fingerprint
 
     def _described(self) -> Any:
         """What the file stores to describe what was compiled (the tool list for tools)."""
@@ -251,7 +227,12 @@ class CompiledSchema(SchemaEngine):
         return load_schema(given)
 
     def _file_options(self) -> dict[str, Any]:
-        return {**self._options, "min_enum_values": self._min_enum_values}
+        return self._options.to_file()
+
+    @classmethod
+    def _file_options_given(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """What :meth:`_file_options` would be for a compile with keyword ``options``."""
+        return SchemaOptions.given(options).to_file()
 
     def _file_parts(self) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
         arrays: dict[str, npt.NDArray[Any]] = {
@@ -355,10 +336,7 @@ class CompiledSchema(SchemaEngine):
         support = _support(vocab)
         try:
             options = meta["options"]
-            self._min_enum_values = integer(options["min_enum_values"], "min_enum_values")
-            self._options = {key: options[key] for key in ("any_whitespace", "indent", "separators", "strict_mode")}
-            if self._options["separators"] is not None:
-                self._options["separators"] = tuple(self._options["separators"])
+            self._options = SchemaOptions.from_file(options)
             described = json.loads(_array_text(arrays["described"]))
             self._ebnf = _array_text(arrays["ebnf"])
             grammar_json = _array_text(arrays["grammar"])

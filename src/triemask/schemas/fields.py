@@ -15,11 +15,11 @@ import numpy as np
 import numpy.typing as npt
 
 from ..automata import TrieAutomaton, restore_parts
-from ..base import ArgumentTypeError, AutomatonFileError, IncompatibleValueError, SchemaError, storage
+from ..base import ArgumentTypeError, AutomatonFileError, IncompatibleValueError, SchemaError, integer, storage
 from ..sets import SetCompiler, unanchored
 from ..vocab import Vocabulary
 from .reading import json_texts
-from .structure import _SENTINEL_LEAD
+from .structure import _SENTINEL_LEAD, DEFAULT_MIN_ENUM_VALUES
 from .support import Pieces, VocabularySupport
 
 
@@ -340,6 +340,10 @@ def _fingerprint(kind: str, described: Any, file_options: dict[str, Any]) -> str
     return digest.hexdigest()
 
 
+def field_sentinels(fields: Iterable[Field]) -> dict[str, bytes]:
+    return {placeholder: f.sentinel for f in fields for placeholder in f.placeholders}
+
+
 def _json_separators(separators: Any) -> tuple[str, str] | None:
     """``separators`` as xgrammar takes them, refused unless they are JSON's (a comma, a
     colon, optional whitespace): xgrammar would print others, and the output would not be
@@ -358,5 +362,51 @@ def _json_separators(separators: Any) -> tuple[str, str] | None:
     return (item, key)
 
 
-def field_sentinels(fields: Iterable[Field]) -> dict[str, bytes]:
-    return {placeholder: f.sentinel for f in fields for placeholder in f.placeholders}
+@dataclass(frozen=True)
+class SchemaOptions:
+    """How a schema is compiled: xgrammar's options for its structure (``any_whitespace``,
+    ``indent``, ``separators``, ``strict_mode``: the language is the one xgrammar compiles with
+    them, kept to strict JSON) and which enums go to tries (``min_enum_values``). Checked when
+    made: ``separators`` JSON's own, ``min_enum_values`` a positive integer."""
+
+    any_whitespace: bool = True
+    indent: int | None = None
+    separators: tuple[str, str] | None = None
+    strict_mode: bool = True
+    min_enum_values: int = DEFAULT_MIN_ENUM_VALUES
+
+    def __post_init__(self) -> None:
+        minimum = integer(self.min_enum_values, "min_enum_values", SchemaError, "a positive integer")
+        if minimum < 1:
+            raise SchemaError(f"min_enum_values must be at least 1, got {minimum}", path="$")
+        object.__setattr__(self, "min_enum_values", minimum)
+        object.__setattr__(self, "separators", _json_separators(self.separators))
+
+    def structure(self) -> dict[str, Any]:
+        """The options of xgrammar's ``Grammar.from_json_schema``."""
+        return {
+            "any_whitespace": self.any_whitespace,
+            "indent": self.indent,
+            "separators": self.separators,
+            "strict_mode": self.strict_mode,
+        }
+
+    def to_file(self) -> dict[str, Any]:
+        """The options as a file (and a fingerprint) holds them."""
+        return {**self.structure(), "min_enum_values": self.min_enum_values}
+
+    @classmethod
+    def given(cls, options: dict[str, Any]) -> SchemaOptions:
+        """The options of keyword arguments (None: the default); TypeError for an unknown one."""
+        return cls(**{name: value for name, value in options.items() if value is not None})
+
+    @classmethod
+    def from_file(cls, options: dict[str, Any]) -> SchemaOptions:
+        separators = options["separators"]
+        return cls(
+            any_whitespace=options["any_whitespace"],
+            indent=options["indent"],
+            separators=None if separators is None else tuple(separators),
+            strict_mode=options["strict_mode"],
+            min_enum_values=options["min_enum_values"],
+        )

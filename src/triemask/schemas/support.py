@@ -5,13 +5,12 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
-from collections import OrderedDict
 from functools import cached_property
 from importlib.metadata import version
 
 import numpy as np
 
-from ..base import bitmask_width
+from ..base import BoundedLRU, bitmask_width
 from ..vocab import TokenIndex, Vocabulary
 from .json_lexer import Lexical
 from .structure import _SENTINEL_LEAD, _VALUE_FIRST, _check_entry_unforgeable, _ends, _starts
@@ -131,21 +130,18 @@ class VocabularySupport:
             encoded, xgrammar.VocabType.RAW, vocab_size=len(encoded), stop_token_ids=list(vocab.eos_token_ids)
         )
         self.grammar_compiler = xgrammar.GrammarCompiler(self.info, cache_enabled=False)
-        self._pieces: OrderedDict[tuple[bytes, bytes], Pieces] = OrderedDict()
+        self._pieces: BoundedLRU[tuple[bytes, bytes], Pieces] = BoundedLRU(8)  # a handful of byte sets in practice
         self._lock = threading.Lock()
 
     def pieces(self, first: bytes, last: bytes) -> Pieces:
         key = (first, last)
         with self._lock:
-            if key in self._pieces:
-                self._pieces.move_to_end(key)
-                return self._pieces[key]
+            found = self._pieces.get(key)
+        if found is not None:
+            return found
         built = Pieces(self, first, last)
         with self._lock:
-            self._pieces[key] = built
-            while len(self._pieces) > 8:  # a handful of byte-set combinations in practice
-                self._pieces.popitem(last=False)
-        return built
+            return self._pieces.setdefault(key, built)
 
 
 _SUPPORT: dict[str, VocabularySupport] = {}

@@ -17,17 +17,18 @@ import json
 import re
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
-from ..base import ArgumentTypeError, AutomatonFileError, SchemaError, integer, register_kind
+from ..base import ArgumentTypeError, AutomatonFileError, BoundedLRU, SchemaError, integer, register_kind
 from ..sets import SetCompiler
 from ..vocab import Vocabulary
 from .compiled import CompiledSchema
+from .fields import SchemaOptions
 from .matcher import configurations_after
 from .reading import json_texts
-from .structure import DEFAULT_MIN_ENUM_VALUES, Configuration
+from .structure import Configuration
 
 DEFAULT_TOOL_CACHE_BYTES = 256 << 20
 _EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -88,12 +89,8 @@ class CompiledTools(CompiledSchema):
         self,
         compiler: SetCompiler,
         tools: Any,
+        options: SchemaOptions = SchemaOptions(),  # noqa: B008 (immutable)
         *,
-        any_whitespace: bool = True,
-        indent: int | None = None,
-        separators: tuple[str, str] | None = None,
-        strict_mode: bool = True,
-        min_enum_values: int = DEFAULT_MIN_ENUM_VALUES,
         cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES,
     ) -> None:
         started = time.perf_counter()
@@ -107,32 +104,23 @@ class CompiledTools(CompiledSchema):
             "required": ["name", "arguments"],
         }
         try:
-            super().__init__(
-                compiler,
-                shape,
-                any_whitespace=any_whitespace,
-                indent=indent,
-                separators=separators,
-                strict_mode=strict_mode,
-                min_enum_values=1,  # the name is always a trie, whatever the number of tools
-            )
+            # the name is always a trie, whatever the number of tools
+            super().__init__(compiler, shape, replace(options, min_enum_values=1))
         except SchemaError as exc:  # a name no token spells: name the tool, not the internal schema
             found = re.fullmatch(r"\$\.properties\.name\.enum\[(\d+)\]", exc.path)
             path = f"$[{found.group(1)}].name" if found else "$"
             raise SchemaError(f"{path}: {exc}", path=path) from None
-        self._tools_ready(compiler, min_enum_values, cache_bytes)
+        self._tools_ready(compiler, options, cache_bytes)
         self._compile_seconds = time.perf_counter() - started
 
-    def _tools_ready(self, compiler: SetCompiler, min_enum_values: int, cache_bytes: int) -> None:
+    def _tools_ready(self, compiler: SetCompiler, options: SchemaOptions, cache_bytes: int) -> None:
         """The tools' state besides the name's schema (compiled or loaded alike)."""
         self._compiler = compiler
-        self._min_enum_values = min_enum_values
+        self._options = options  # the tools' arguments' (the name was compiled with min_enum_values=1)
         self._by_text = {text: i for i, text in enumerate(json_texts(tuple(self.tool_names), "$"))}
-        self._cache_bytes = cache_bytes
-        self._arguments: OrderedDict[str, tuple[CompiledSchema, int]] = OrderedDict()  # with its bytes
-        self._cached_bytes = 0
+        self._arguments: BoundedLRU[str, CompiledSchema] = BoundedLRU(cache_bytes)  # by memory_bytes
         self._lock = threading.Lock()
-        self._cache_stats = {"hits": 0, "misses": 0, "evictions": 0, "compile_seconds": 0.0}
+        self._compile_seconds = 0.0  # the argument schemas' compiles
 
     # ------------------------------------------------------------------ files
 
@@ -146,7 +134,16 @@ class CompiledTools(CompiledSchema):
         return [{"name": name, "parameters": parameters} for name, parameters in read_tools(given)]
 
     def _file_options(self) -> dict[str, Any]:
-        return {**super()._file_options(), "cache_bytes": self._cache_bytes}
+        return {**super()._file_options(), "cache_bytes": self._arguments.limit}
+
+    @classmethod
+    def _file_options_given(cls, options: dict[str, Any]) -> dict[str, Any]:
+        given = dict(options)
+        cache_bytes = given.pop("cache_bytes", None)
+        return {
+            **SchemaOptions.given(given).to_file(),
+            "cache_bytes": DEFAULT_TOOL_CACHE_BYTES if cache_bytes is None else cache_bytes,
+        }
 
     def _restore_described(
         self, described: Any, meta: dict[str, Any], vocab: Vocabulary, compiler: SetCompiler | None
@@ -156,7 +153,7 @@ class CompiledTools(CompiledSchema):
         options = meta["options"]
         self._tools_ready(
             compiler if compiler is not None else SetCompiler(vocab),
-            integer(options["min_enum_values"], "min_enum_values"),
+            self._options,
             integer(options["cache_bytes"], "cache_bytes"),
         )
         if len(self._fields) != 1 or set(self._by_text) != set(self._fields[0].automaton.values()):
@@ -182,10 +179,7 @@ class CompiledTools(CompiledSchema):
         with self._lock:  # one compile at a time: equal schemas are compiled once
             cached = self._arguments.get(key)
             if cached is not None:
-                self._arguments.move_to_end(key)
-                self._cache_stats["hits"] += 1
-                return cached[0]
-            self._cache_stats["misses"] += 1
+                return cached
             started = time.perf_counter()
             try:
                 found = CompiledSchema(
@@ -195,20 +189,13 @@ class CompiledTools(CompiledSchema):
                         "properties": {"name": {"const": ""}, "arguments": parameters},
                         "required": ["name", "arguments"],
                     },
-                    min_enum_values=self._min_enum_values,
-                    **self._options,
+                    self._options,
                 )
             except SchemaError as exc:
                 path = f"$[{index}].parameters" + exc.path.removeprefix("$.properties.arguments")
                 raise SchemaError(f"tool {self._tools[index][0]!r}: {exc}", path=path) from None
-            self._cache_stats["compile_seconds"] += time.perf_counter() - started
-            size = found.memory_bytes
-            if size <= self._cache_bytes:
-                self._arguments[key] = (found, size)
-                self._cached_bytes += size
-                while self._cached_bytes > self._cache_bytes:
-                    self._cached_bytes -= self._arguments.popitem(last=False)[1][1]
-                    self._cache_stats["evictions"] += 1
+            self._compile_seconds += time.perf_counter() - started
+            self._arguments.put(key, found, found.memory_bytes)
             return found
 
     def warm(self, names: Sequence[str] | None = None) -> None:
@@ -222,7 +209,7 @@ class CompiledTools(CompiledSchema):
     def memory_bytes(self) -> int:
         """The name trie and structure, plus the argument schemas cached so far."""
         with self._lock:
-            cached = self._cached_bytes
+            cached = self._arguments.used
         return super().memory_bytes + cached
 
     def stats(self) -> dict[str, Any]:
@@ -231,9 +218,12 @@ class CompiledTools(CompiledSchema):
             found["tools"] = {
                 "count": len(self._tools),
                 "argument_schemas_cached": len(self._arguments),
-                "argument_cache_bytes": self._cached_bytes,
-                "argument_cache_limit": self._cache_bytes,
-                **self._cache_stats,
+                "argument_cache_bytes": self._arguments.used,
+                "argument_cache_limit": self._arguments.limit,
+                "hits": self._arguments.hits,
+                "misses": self._arguments.misses,
+                "evictions": self._arguments.evictions,
+                "compile_seconds": self._compile_seconds,
             }
         return found
 

@@ -24,7 +24,6 @@ leads to a deeper level.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
@@ -32,7 +31,7 @@ from typing import Union
 
 import numpy as np
 
-from ..base import ByteDag, PatternError, UnboundedPatternError, dag_arrays
+from ..base import BoundedLRU, ByteDag, PatternError, UnboundedPatternError, dag_arrays
 
 _Row = tuple[tuple[int, int, int], ...]  # (first byte, last byte, target), ascending
 
@@ -566,7 +565,7 @@ def unanchored(pattern: str) -> str:
     return pattern
 
 
-_REFUSED_PATTERNS: OrderedDict[str, PatternError] = OrderedDict()  # refusals cost as much as builds
+_REFUSED_PATTERNS: BoundedLRU[str, PatternError] = BoundedLRU(1024)  # refusals cost as much as builds
 _REFUSED_LOCK = threading.Lock()
 
 
@@ -597,9 +596,7 @@ def dag_of_pattern(pattern: str) -> ByteDag:
         return _dag_of_pattern(pattern)
     except PatternError as error:
         with _REFUSED_LOCK:
-            _REFUSED_PATTERNS[pattern] = error
-            while len(_REFUSED_PATTERNS) > 1024:
-                _REFUSED_PATTERNS.popitem(last=False)
+            _REFUSED_PATTERNS.put(pattern, error)
         raise
 
 
@@ -615,3 +612,26 @@ def _dag_of_pattern(pattern: str) -> ByteDag:
     if dag is None:
         raise parser.fail("the pattern matches no string", 0)
     return dag
+
+
+def literal_alternatives(pattern: str) -> list[str] | None:
+    """The strings of a pattern that is an alternation of literals (``yes|no``,
+    ``^(?:yes|no)$``, ``slack\\.send|caf\\u00e9``), read by the one regex reader of the
+    library; None for anything else (a class, a repetition, a group inside an alternative, a
+    malformed pattern): those are languages, compiled as patterns."""
+    try:
+        node = _Parser(pattern).parse()
+    except PatternError:
+        return None
+    found = []
+    for option in node.options if isinstance(node, _Alt) else (node,):
+        text = []
+        for part in option.parts if isinstance(option, _Concat) else (option,):
+            if not isinstance(part, _Chars) or len(part.ranges) != 1:
+                return None
+            low, high = part.ranges[0]
+            if low != high:
+                return None
+            text.append(chr(low))  # a surrogate too: compiling the set refuses it, naming the value
+        found.append("".join(text))
+    return found

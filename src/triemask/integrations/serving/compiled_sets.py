@@ -7,13 +7,12 @@ import json
 import logging
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ...automata import TrieAutomaton
-from ...base import ValueSetError
+from ...base import BoundedLRU, ValueSetError
 from ...cache import CompileCache
 from ...compiler import Compiler
 from ...schemas import CompiledSchema, prepare_schemas
@@ -70,7 +69,7 @@ class CompiledSets:
         self.device = device
         self.cache = CompileCache(max_bytes)
         self._pinned: dict[Any, CompiledSet] = {}
-        self._failures: OrderedDict[Any, str] = OrderedDict()
+        self._failures: BoundedLRU[Any, str] = BoundedLRU(self._MAX_FAILURES)
         self._lock = threading.Lock()
         self._ended: CompiledSet | None = None
         self._generation = 0  # of the registered sets pinned here
@@ -149,9 +148,7 @@ class CompiledSets:
         except Exception as error:
             message = f"{type(error).__name__}: {error}"[:500]
             with self._lock:
-                self._failures[key] = message
-                while len(self._failures) > self._MAX_FAILURES:
-                    self._failures.popitem(last=False)
+                self._failures.put(key, message)
             raise SetCompileError(message) from error
 
     def _follow_reloads(self) -> None:

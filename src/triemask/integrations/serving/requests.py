@@ -11,6 +11,7 @@ from typing import Any
 from ...base import PatternError, TriemaskError
 from ...schemas import TOO_DEEP, dispatch, load_schema, read_tools, structure_cost
 from ...sets import FORMATS, dag_of_pattern
+from ...sets import literal_alternatives as regex_literals
 from .limits import (
     _ARGS,
     FORMAT_ARG,
@@ -227,60 +228,19 @@ def validate_request(extra_args: Any, limits: Limits | None = None) -> None:
     requested_pattern(extra_args, limits)
 
 
-_REGEX_META = frozenset(".^$*+?{}[]\\|()")
-_REGEX_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v"}
-
-
 def literal_alternatives(kind: str, text: str) -> list[str] | None:
     """The strings of a grammar that is only an alternation of literals, else None.
 
-    ``kind`` is ``"regex"`` (``yes|no``, ``^(?:yes|no)$``, metacharacters escaped) or
-    ``"ebnf"`` (``root ::= "yes" | "no"``, JSON string escapes). Anything else (a
-    character class, a repetition, a second rule) returns None: it is not a finite set.
+    ``kind`` is ``"regex"`` (``yes|no``, ``^(?:yes|no)$``, metacharacters escaped: read by
+    the library's regex reader, :func:`triemask.sets.literal_alternatives`) or ``"ebnf"``
+    (``root ::= "yes" | "no"``, JSON string escapes). Anything else (a character class, a
+    repetition, a second rule) returns None: it is not a finite set of literals.
     """
     if kind == "regex":
-        return _regex_alternatives(text)
+        return regex_literals(text)
     if kind == "ebnf":
         return _ebnf_alternatives(text)
     return None
-
-
-def _regex_alternatives(pattern: str) -> list[str] | None:
-    body = pattern.removeprefix("^")
-    if body.endswith("$") and not body.endswith("\\$"):
-        body = body[:-1]
-    for opener in ("(?:", "("):
-        if body.startswith(opener) and body.endswith(")") and not body.endswith("\\)"):
-            body = body[len(opener) : -1]  # an inner unescaped parenthesis is rejected below
-            break
-    values: list[str] = []
-    current: list[str] = []
-    i = 0
-    while i < len(body):
-        char = body[i]
-        if char == "\\":
-            escaped = body[i + 1 : i + 2]
-            if escaped in _REGEX_ESCAPES:
-                current.append(_REGEX_ESCAPES[escaped])
-            elif escaped == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", body[i + 2 : i + 6]):
-                current.append(chr(int(body[i + 2 : i + 6], 16)))
-                i += 4
-            elif escaped and not escaped.isalnum():
-                current.append(escaped)  # an escaped metacharacter or punctuation
-            else:
-                return None  # \d, \w, a back-reference...: not a literal
-            i += 2
-        elif char == "|":
-            values.append("".join(current))
-            current = []
-            i += 1
-        elif char in _REGEX_META:
-            return None
-        else:
-            current.append(char)
-            i += 1
-    values.append("".join(current))
-    return values
 
 
 _EBNF_RULE = re.compile(r"\s*root\s*::=\s*(.*?)\s*", re.DOTALL)
