@@ -78,15 +78,7 @@ class Compiler(SetCompiler):
         ImportError
             xgrammar is not installed (``pip install 'triemask[schema]'``).
         """
-        options = SchemaOptions.given(
-            {
-                "any_whitespace": any_whitespace,
-                "indent": indent,
-                "separators": separators,
-                "strict_mode": strict_mode,
-                "min_enum_values": min_enum_values,
-            }
-        )
+        options = SchemaOptions.given(_keywords(locals()))
         return CompiledSchema(self, schema, options)
 
     def compile_tools(
@@ -124,15 +116,12 @@ class Compiler(SetCompiler):
             it, e.g. ``$[3].function.name``); a tool's bad parameters when that tool
             is first compiled.
         """
-        options = SchemaOptions.given(
-            {
-                "any_whitespace": any_whitespace,
-                "indent": indent,
-                "separators": separators,
-                "strict_mode": strict_mode,
-                "min_enum_values": min_enum_values,
-            }
-        )
+        options = SchemaOptions.given(_keywords(locals()))
         return CompiledTools(
             self, tools, options, cache_bytes=DEFAULT_TOOL_CACHE_BYTES if cache_bytes is None else cache_bytes
         )
+
+
+def _keywords(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A schema entry point's options from its ``locals()`` (the five of :class:`SchemaOptions`)."""
+    return {name: arguments[name] for name in SchemaOptions.__dataclass_fields__}

@@ -55,33 +55,9 @@ EdgeTable = tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.i
 
 
 class SetCompiler:
-    """Compiles sets of values against one vocabulary.
-
-    Building a compiler indexes the vocabulary once (about 70 ms for a 150K-token
-    vocabulary with the C extension) and keeps the index on disk, named by the
-    vocabulary's fingerprint, so that later processes load it instead; every
-    :meth:`compile` reuses that index. A compiler holds no per-set state and may be
-    shared between threads.
-
-    Parameters
-    ----------
-    vocab : Vocabulary
-        The vocabulary of the model that will be constrained.
-    disk_cache : bool
-        Load the index from, and save it to, ``cache_dir`` (default True). A cached file
-        that fails any check is rebuilt; a folder that cannot be written is skipped
-        (``stats()["source"]`` says which happened).
-    cache_dir : str or path, optional
-        Default ``$TRIEMASK_CACHE``, else ``~/.cache/triemask``.
-
-    Examples
-    --------
-    >>> from triemask import Compiler, Vocabulary
-    >>> vocab = Vocabulary([b"a", b"b", b"ab", None], eos_token_ids=3)
-    >>> automaton = Compiler(vocab).compile(["ab", "b"])
-    >>> automaton.allowed_token_ids(automaton.initial_state).tolist()
-    [0, 1, 2]
-    """
+    """Compiles sets of values, patterns and formats against one vocabulary: the set half of
+    :class:`triemask.Compiler` (which adds JSON schemas and tool lists; its docstring has the
+    parameters). The schema layer uses this half directly."""
 
     __slots__ = ("__weakref__", "_index", "_index_source", "_vocab")
 
@@ -270,6 +246,13 @@ class SetCompiler:
         change (:meth:`TrieAutomaton.with_values` delegates here; see :mod:`triemask.sets.update`)."""
         return updated(automaton, added, removed, self)
 
+    def _check_eos(self, eos: bool) -> None:
+        if eos and not self._vocab.eos_token_ids:
+            raise ValueSetError(
+                "compile(eos=True) needs EOS token ids, and this vocabulary has none: "
+                "build the Vocabulary with eos_token_ids=..., or compile with eos=False"
+            )
+
     def _compile(
         self,
         values: Iterable[str] | Iterable[bytes],
@@ -279,11 +262,7 @@ class SetCompiler:
         max_bytes: int | None = None,
     ) -> tuple[TrieAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]] | None]:
         started = time.perf_counter()
-        if eos and not self._vocab.eos_token_ids:
-            raise ValueSetError(
-                "compile(eos=True) needs EOS token ids, and this vocabulary has none: "
-                "build the Vocabulary with eos_token_ids=..., or compile with eos=False"
-            )
+        self._check_eos(eos)
         items, strings, flat, starts, are_str = encode_values(values)
         if max_bytes is not None and flat.nbytes + starts.nbytes > max_bytes:  # the values alone
             raise _over_budget(max_bytes, flat.nbytes + starts.nbytes, "the values")
@@ -362,11 +341,7 @@ class SetCompiler:
         self, values: Iterable[str] | Iterable[bytes], *, eos: bool, cache_bytes: int, max_bytes: int | None
     ) -> LazyTrieAutomaton:
         started = time.perf_counter()
-        if eos and not self._vocab.eos_token_ids:
-            raise ValueSetError(
-                "compile(eos=True) needs EOS token ids, and this vocabulary has none: "
-                "build the Vocabulary with eos_token_ids=..., or compile with eos=False"
-            )
+        self._check_eos(eos)
         items, strings, flat, starts, are_str = encode_values(values)
         trie = build_trie(flat, starts, strings=strings)
         n, k = trie.num_nodes, trie.num_strings
@@ -425,11 +400,7 @@ class SetCompiler:
         caller's part of the compile began (for ``compile_seconds``); ``max_bytes``: see
         :meth:`compile_regex`."""
         started = time.perf_counter() if started is None else started
-        if eos and not self._vocab.eos_token_ids:
-            raise ValueSetError(
-                "compile(eos=True) needs EOS token ids, and this vocabulary has none: "
-                "build the Vocabulary with eos_token_ids=..., or compile with eos=False"
-            )
+        self._check_eos(eos)
         n, accepting = dag.num_nodes, dag.accepting
         keys = _EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
         budget = _EdgeBudget(max_bytes, n, pattern)
