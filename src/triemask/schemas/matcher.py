@@ -314,10 +314,3 @@ def allowed_token_rows(
     ended = np.setdiff1d(np.arange(len(matchers)), np.asarray(filled, dtype=np.int64))
     allowed[np.repeat(ended, len(eos)), np.tile(eos, len(ended))] = True
     return allowed
-
-
-def configurations_after(schema: CompiledSchema, data: bytes) -> list[Configuration]:
-    """Every reading of ``schema`` after the bytes ``data`` from its start (for a tool's
-    arguments entered from a tool call: ``_tools.CompiledTools``)."""
-    start = schema._initial()[0]
-    return schema._feed(start.matcher, data, b"")

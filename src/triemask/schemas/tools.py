@@ -26,7 +26,6 @@ from ..sets import SetCompiler
 from ..vocab import Vocabulary
 from .compiled import CompiledSchema
 from .fields import SchemaOptions
-from .matcher import configurations_after
 from .reading import json_texts
 from .structure import Configuration
 
@@ -234,7 +233,10 @@ class CompiledTools(CompiledSchema):
         text = self._fields[k].automaton.value_of(node)
         assert isinstance(text, bytes)
         arguments = self.arguments_schema(self._by_text[text])
-        return configurations_after(arguments, bytes(value_start) + b'""')
+        # the chosen tool's own grammar takes over, from its start, after the text so far
+        # (the call's name an empty string in it: {"name": "", "arguments": ...})
+        start = arguments._initial()[0]
+        return arguments._feed(start.matcher, bytes(value_start) + b'""', b"")
 
     def __repr__(self) -> str:
         return f"CompiledTools({len(self._tools)} tools, vocab_size={self.vocab_size})"
