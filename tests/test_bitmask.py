@@ -8,7 +8,7 @@ import pytest
 from conftest import byte_vocabulary
 from oracle import bitmask_tokens
 from triemask import DEAD, BitmaskError, Compiler, StateError, allocate_token_bitmask, bitmask_width
-from triemask.automata.core import _ROW_BY_ROW
+from triemask.automata.core import ROW_BY_ROW
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_layout_bit_i_of_word_i_over_32(automaton) -> None:  # type: ignore[no-u
     assert not bitmask.any()
 
 
-@pytest.mark.parametrize("batch", [1, 3, 4, 5, _ROW_BY_ROW, _ROW_BY_ROW + 1, 64])  # both paths
+@pytest.mark.parametrize("batch", [1, 3, 4, 5, ROW_BY_ROW, ROW_BY_ROW + 1, 64])  # both paths
 def test_batch_fill_equals_rows(automaton, batch: int) -> None:  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(batch)
     states = rng.integers(DEAD, automaton.num_states, batch)
@@ -110,7 +110,7 @@ def test_bad_buffers_say_what_is_expected(automaton) -> None:  # type: ignore[no
     assert (good == -1).all()  # nothing is written when a state is invalid
     with pytest.raises(StateError, match=r"rows must be integers, got float 0\.0"):
         automaton.fill_bitmask(good, [0], rows=[0.0])
-    for states in ([1.0], np.array([0.5]), [0, 1.0], [0] * _ROW_BY_ROW + [1.0]):  # floats are not truncated
+    for states in ([1.0], np.array([0.5]), [0, 1.0], [0] * ROW_BY_ROW + [1.0]):  # floats are not truncated
         with pytest.raises(StateError, match="integers"):
             automaton.fill_bitmask(allocate_token_bitmask(len(states), automaton.vocab_size), states)
     big = allocate_token_bitmask(8, automaton.vocab_size)

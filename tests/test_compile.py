@@ -21,7 +21,7 @@ from triemask import (
     ValueSetError,
     Vocabulary,
 )
-from triemask.automata.core import _ROW_BY_ROW
+from triemask.automata.core import ROW_BY_ROW
 from triemask.datasets import load_icd10cm, load_labels, synthetic_tools
 
 VALUE_SETS: dict[str, list[str]] = {
@@ -195,7 +195,7 @@ def test_next_states_batch_matches_next_state() -> None:
     tokens = rng.choice([ord("g"), ord("u"), 257, 258, 259, 263, 264], 500)
     expected = [automaton.next_state(int(s), int(t)) for s, t in zip(states, tokens, strict=True)]
     assert automaton.next_states(states, tokens).tolist() == expected
-    for size in (1, 2, _ROW_BY_ROW, _ROW_BY_ROW + 1):  # the row-by-row and the vectorised paths
+    for size in (1, 2, ROW_BY_ROW, ROW_BY_ROW + 1):  # the row-by-row and the vectorised paths
         assert automaton.next_states(states[:size], tokens[:size]).tolist() == expected[:size]
         assert automaton.next_states(list(states[:size]), list(tokens[:size])).dtype == np.int32
 

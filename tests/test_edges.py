@@ -22,7 +22,7 @@ from triemask import (
     allocate_token_bitmask,
     bitmask_width,
 )
-from triemask.automata.core import _ROW_BY_ROW
+from triemask.automata.core import ROW_BY_ROW
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +62,7 @@ def test_numpy_integers_still_work(automaton) -> None:  # type: ignore[no-untype
     assert g == automaton.next_state(0, ord("g")) and automaton.is_accepting(np.int64(0)) is False
 
 
-@pytest.mark.parametrize("count", [1, _ROW_BY_ROW + 5])  # the row-by-row path and the vectorised one
+@pytest.mark.parametrize("count", [1, ROW_BY_ROW + 5])  # the row-by-row path and the vectorised one
 def test_huge_unsigned_states_are_not_wrapped_to_dead(automaton, count: int) -> None:  # type: ignore[no-untyped-def]
     states = np.full(count, 2**64 - 1, dtype=np.uint64)
     with pytest.raises(StateError, match="18446744073709551615 is not a state"):

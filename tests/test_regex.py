@@ -375,17 +375,17 @@ def test_set_layout_errors() -> None:
 def test_class_matching_equals_byte_matching(name: str) -> None:
     """Automata with interchangeable bytes (hex digits) are matched once per class string;
     the edges must be exactly those of matching byte by byte."""
-    from triemask.sets.matching import _EdgeKeys, _match_dag, _match_dag_by_class
+    from triemask.sets.matching import EdgeKeys, match_dag, match_dag_by_class
     from triemask.sets.regex import dag_of_pattern
     from triemask.vocab.token_index import TokenIndex
 
     index = TokenIndex(real_vocabulary(name).vocab)
     for pattern in [FORMATS["uuid"], FORMATS["ipv6"], "[a-f0-9]{2,6}(-[A-F]{3})?", "x[a-e]{3}é{1,2}"]:
         dag = dag_of_pattern(pattern)
-        keys = _EdgeKeys(dag.num_nodes, dag.num_nodes + len(dag.accepting), index.vocab.vocab_size)
-        by_class = _match_dag_by_class(dag, index, keys)
+        keys = EdgeKeys(dag.num_nodes, dag.num_nodes + len(dag.accepting), index.vocab.vocab_size)
+        by_class = match_dag_by_class(dag, index, keys)
         assert by_class is not None, pattern  # these patterns take the class path
-        expected = np.sort(np.concatenate(_match_dag(dag, index, keys)))
+        expected = np.sort(np.concatenate(match_dag(dag, index, keys)))
         assert np.array_equal(np.sort(np.concatenate(by_class)), expected), pattern
 
 

@@ -38,7 +38,7 @@ from triemask import (
 )
 from triemask.base import storage as _storage
 from triemask.schemas import structure as _structure
-from triemask.schemas.structure import _check_entry_unforgeable
+from triemask.schemas.structure import check_entry_unforgeable
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -375,10 +375,10 @@ def test_real_vocabularies(vocab_name: str, name: str, any_whitespace: bool) -> 
 def test_sentinel_lead_byte_is_refused_by_xgrammars_free_text(monkeypatch: pytest.MonkeyPatch) -> None:
     """The entry test's premise, checked on the installed xgrammar as triemask checks it; the
     check would have refused the old lead byte, 0x01."""
-    _check_entry_unforgeable()
-    monkeypatch.setattr(_structure, "_SENTINEL_LEAD", 0x01)
+    check_entry_unforgeable()
+    monkeypatch.setattr(_structure, "SENTINEL_LEAD", 0x01)
     with pytest.raises(ImportError, match="lets free text"):
-        _check_entry_unforgeable.__wrapped__()
+        check_entry_unforgeable.__wrapped__()
     monkeypatch.undo()
     table = [bytes([b]) for b in range(256)]
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(table, xgr.VocabType.RAW, vocab_size=256, stop_token_ids=[]))

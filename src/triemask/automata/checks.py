@@ -41,7 +41,7 @@ def expect_within(array: npt.NDArray[Any], low: int, high: int, name: str) -> No
         raise AutomatonFileError(f"{name} holds values outside [{low}, {high})", field=name)
 
 
-def _check_meta(meta: Any, vocab: Any) -> None:
+def check_meta(meta: Any, vocab: Any) -> None:
     """A file's scalar fields, against the vocabulary it is loaded for (when given): the
     logits width and EOS ids are the vocabulary's, never the file's word."""
     if not isinstance(meta, dict):
@@ -85,7 +85,7 @@ def _utf8_steps() -> npt.NDArray[np.uint16]:
 _UTF8_STEPS: npt.NDArray[np.uint16] | None = None
 
 
-def _spells_utf8(
+def spells_utf8(
     source: npt.NDArray[Any],
     byte: npt.NDArray[Any],
     dest: npt.NDArray[Any],
@@ -106,7 +106,7 @@ def _spells_utf8(
     return not (reach & 0x100).any() and not (reach[accepting] & 0xFE).any()
 
 
-def _check_edges_spell_values(arrays: dict[str, Any], vocab: Any) -> None:
+def check_edges_spell_values(arrays: dict[str, Any], vocab: Any) -> None:
     """That a trie file's nodes and edges are those of *its* values, so that it allows no token
     its values' language refuses, whatever else the file held (another set's edges under these
     values included): the values' trie is built again (the compiler's construction, so its
@@ -179,14 +179,14 @@ def first_misspelled_edge(
 
 
 def utf8_steps() -> npt.NDArray[np.uint16]:
-    """The table of :func:`_spells_utf8` (built once)."""
+    """The table of :func:`spells_utf8` (built once)."""
     global _UTF8_STEPS
     if _UTF8_STEPS is None:
         _UTF8_STEPS = _utf8_steps()
     return _UTF8_STEPS
 
 
-def _stored_arguments(cls: Any, arrays: dict[str, Any]) -> dict[str, Any]:
+def stored_arguments(cls: Any, arrays: dict[str, Any]) -> dict[str, Any]:
     """The constructor's array arguments from a file's arrays (the derived ones if there)."""
     found = {name: arrays[name] for name in cls._ARRAYS}
     found.update({name: arrays[name] for name in cls._DERIVED if name in arrays})

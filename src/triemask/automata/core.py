@@ -22,7 +22,7 @@ def state_index(state: Any, what: str = "states") -> int:
     return state if type(state) is int else integer(state, what)
 
 
-def _count(states: Any) -> int:
+def count_states(states: Any) -> int:
     """How many states a batch holds; a batch that is no sequence is a StateError."""
     try:
         return len(states)
@@ -30,7 +30,7 @@ def _count(states: Any) -> int:
         raise StateError(f"states must be a sequence of integers, got {type(states).__name__} {states!r:.40}") from None
 
 
-def _int64(values: Any) -> Any:
+def as_int64(values: Any) -> Any:
     """What the kernel reads: lists and tuples as they are, signed integer arrays as int64
     (anything else goes unchanged, and the kernel defers it to the reference)."""
     if type(values) is np.ndarray and values.dtype.kind == "i" and values.dtype != np.int64:
@@ -48,7 +48,7 @@ def set_bits(target: npt.NDArray[np.int32], positions: npt.NDArray[Any], tokens:
     target[positions[starts]] = np.bitwise_or.reduceat(bits, starts).view(np.int32)
 
 
-def _count_words(tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]) -> int:
+def count_words(tokens: npt.NDArray[np.int32], offsets: npt.NDArray[np.int32]) -> int:
     """How many bitmask words of all nodes are non-zero (nodes' tokens sorted)."""
     word = tokens.astype(np.int64) >> 5
     new = np.ones(len(word), dtype=bool)
@@ -64,7 +64,7 @@ def dense_threshold(width: int) -> int:
     return max(1, width // 2)
 
 
-def _dense_rows(
+def dense_rows(
     tokens: npt.NDArray[np.int32],
     offsets: npt.NDArray[np.int32],
     num_nodes: int,
@@ -88,7 +88,7 @@ def _dense_rows(
     return nodes, rows.reshape(-1)
 
 
-_ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
+ROW_BY_ROW = 24  # fill_bitmask and next_states handle batches up to this size row by row (measured)
 
 
 class _AutomatonCore:

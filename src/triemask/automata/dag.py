@@ -18,7 +18,7 @@ from ..base import (
     ValueSetError,
     register_kind,
 )
-from .checks import STORED_DTYPES, _spells_utf8, _stored_arguments, expect_dtype, expect_within
+from .checks import STORED_DTYPES, expect_dtype, expect_within, spells_utf8, stored_arguments
 from .core import DEAD, AutomatonMeta, state_index
 from .trie import TrieAutomaton
 
@@ -114,7 +114,7 @@ class DagAutomaton(TrieAutomaton):
         level = np.searchsorted(levels, np.arange(num_nodes), side="right") - 1
         if (level[dest] <= level[source]).any():
             raise AutomatonFileError("a byte edge that does not lead one level down (a cycle)", field="dag_dest")
-        if not _spells_utf8(source, arrays["dag_byte"], dest, levels, arrays["dag_accepting"]):  # a DAG spells str
+        if not spells_utf8(source, arrays["dag_byte"], dest, levels, arrays["dag_accepting"]):  # a DAG spells str
             raise AutomatonFileError("byte edges that spell strings which are not UTF-8", field="dag_byte")
 
     @classmethod
@@ -132,7 +132,7 @@ class DagAutomaton(TrieAutomaton):
             spell_ids=arrays["spell_ids"],
             spell_offsets=arrays["spell_offsets"],
             spell_flat=arrays["spell_flat"],
-            **_stored_arguments(cls, arrays),
+            **stored_arguments(cls, arrays),
             meta=AutomatonMeta.from_file(meta),
         )
 

@@ -30,22 +30,22 @@ from ..base import (
 from ..vocab import Vocabulary
 from .checks import (
     STORED_DTYPES,
-    _check_edges_spell_values,
-    _check_meta,
-    _stored_arguments,
+    check_edges_spell_values,
+    check_meta,
     expect_dtype,
     expect_within,
+    stored_arguments,
 )
 from .core import (
-    _ROW_BY_ROW,
     DEAD,
+    ROW_BY_ROW,
     AutomatonBase,
     AutomatonMeta,
     IntArray,
-    _count,
-    _count_words,
-    _dense_rows,
-    _int64,
+    as_int64,
+    count_states,
+    count_words,
+    dense_rows,
     dense_threshold,
     set_bits,
     state_index,
@@ -75,7 +75,6 @@ class TrieAutomaton(AutomatonBase):
     __slots__ = (
         "_compiler",
         "_dense_nodes",
-        "_dense_rows",
         "_dests_view",
         "_edge_dests",
         "_edge_offsets",
@@ -92,6 +91,7 @@ class TrieAutomaton(AutomatonBase):
         "_value_flat",
         "_value_starts",
         "_width",
+        "_dense_rows",
     )
 
     def __init__(
@@ -125,7 +125,7 @@ class TrieAutomaton(AutomatonBase):
         self._set_fingerprint: str | None = None  # computed on first use
         # the rows of the nodes allowing half a row's worth of tokens, derived (the nodes are
         # saved, the rows never)
-        self._dense_nodes, self._dense_rows = _dense_rows(
+        self._dense_nodes, self._dense_rows = dense_rows(
             edge_tokens, edge_offsets, self._num_nodes, self._width, dense_nodes
         )
         for array in self._arrays():
@@ -176,13 +176,13 @@ class TrieAutomaton(AutomatonBase):
         cls: type[_Automaton], meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None
     ) -> _Automaton:
         cls._check_stored(meta, arrays, vocab)
-        return cls(**_stored_arguments(cls, arrays), meta=AutomatonMeta.from_file(meta))
+        return cls(**stored_arguments(cls, arrays), meta=AutomatonMeta.from_file(meta))
 
     @classmethod
     def _check_edges(cls, arrays: dict[str, Any], vocab: Any) -> None:
-        """That the edges are those of the values (:func:`_check_edges_spell_values`); a layout
+        """That the edges are those of the values (:func:`check_edges_spell_values`); a layout
         whose edges are not a trie's checks what it can in :meth:`_check_stored`."""
-        _check_edges_spell_values(arrays, vocab)
+        check_edges_spell_values(arrays, vocab)
 
     @classmethod
     def _check_stored(cls, meta: dict[str, Any], arrays: dict[str, Any], vocab: Any = None) -> None:
@@ -439,7 +439,7 @@ class TrieAutomaton(AutomatonBase):
         """
         kernel = self._kernel
         if kernel is not None:
-            pairs = kernel.pairs(_int64(states))
+            pairs = kernel.pairs(as_int64(states))
             if pairs is not None:
                 return np.frombuffer(pairs[0], dtype=np.int64), np.frombuffer(pairs[1], dtype=np.int32)
         nodes = self._nodes(states)
@@ -473,13 +473,13 @@ class TrieAutomaton(AutomatonBase):
         """Vectorised :meth:`next_state` over a batch (DEAD where rejected)."""
         kernel = self._kernel
         if kernel is not None:
-            out = np.empty(_count(states), dtype=np.int32)
-            if kernel.next_batch(_int64(states), _int64(token_ids), out):
+            out = np.empty(count_states(states), dtype=np.int32)
+            if kernel.next_batch(as_int64(states), as_int64(token_ids), out):
                 return out
         if (
             isinstance(states, list | tuple | np.ndarray)
             and isinstance(token_ids, list | tuple | np.ndarray)
-            and len(states) == len(token_ids) <= _ROW_BY_ROW
+            and len(states) == len(token_ids) <= ROW_BY_ROW
         ):
             # a few rows: a bisect per row beats a dozen NumPy calls
             values = states.tolist() if isinstance(states, np.ndarray) else states
@@ -621,7 +621,7 @@ class TrieAutomaton(AutomatonBase):
             if rows is None and type(states) in (list, tuple) and len(states) == 1:
                 if kernel.fill(target, 0, states[0]):  # the per-step path
                     return
-            elif kernel.fill_batch(target, _int64(states), None if rows is None else _int64(rows)):
+            elif kernel.fill_batch(target, as_int64(states), None if rows is None else as_int64(rows)):
                 return
             # anything the kernel deferred: the reference below, which raises the typed errors
         if (  # one request per call, the per-step path: as_bitmask_array's checks, inlined
@@ -642,7 +642,7 @@ class TrieAutomaton(AutomatonBase):
                 self._fill_row(bitmask[0], state)
                 return
         array = as_bitmask_array(bitmask, self._meta.vocab_size)
-        if _count(states) <= _ROW_BY_ROW:  # a few rows: numpy call overhead dominates
+        if count_states(states) <= ROW_BY_ROW:  # a few rows: numpy call overhead dominates
             self._fill_rows(array, states, rows)
             return
         nodes = self._nodes(states)
@@ -786,7 +786,7 @@ class TrieAutomaton(AutomatonBase):
             "max_depth": len(self._level_offsets) - 2,
             "states": self.num_states,
             "edges": int(self._edge_offsets[-1]),
-            "mask_words": _count_words(self._edge_tokens, self._edge_offsets[: n + 1]),
+            "mask_words": count_words(self._edge_tokens, self._edge_offsets[: n + 1]),
             "rows_stored_whole": len(self._dense_nodes),
             "memory_bytes": self.memory_bytes,
             "compile_seconds": self._meta.compile_seconds,
@@ -846,7 +846,7 @@ def restore_parts(
             f"{source} is corrupt: its fields name another vocabulary than its header", field="header"
         )
     try:
-        _check_meta(meta, vocab)
+        check_meta(meta, vocab)
         held = kind_class(kind if isinstance(kind, str) else repr(kind), source)
         if not issubclass(held, TrieAutomaton):
             raise AutomatonFileError(f"its kind {kind!r} is not an automaton's", field="kind")

@@ -7,7 +7,7 @@ followed by bytes naming the field. ``0xFF`` is not UTF-8: xgrammar's character 
 and regexes match only UTF-8 (a free string's ``[^"\\\r\n]`` included), and its EBNF
 literals are code points spelled in UTF-8, so no text the structure's language holds can
 contain it and the sentinel is accepted exactly where a field's value goes
-(:func:`_check_entry_unforgeable` checks the installed xgrammar once per process).
+(:func:`check_entry_unforgeable` checks the installed xgrammar once per process).
 
 A decoding state is a small set of *configurations*, usually one:
 
@@ -69,17 +69,17 @@ from .engine import SchemaEngine
 from .fields import (
     Field,
     SchemaOptions,
-    _array_text,
-    _compile_field,
-    _field_tables,
-    _fingerprint,
-    _restore_field,
-    _text_array,
+    array_text,
+    compile_field,
     field_sentinels,
+    field_tables,
+    restore_field,
+    schema_fingerprint,
+    text_array,
 )
 from .reading import dispatch, load_schema
-from .structure import _sentinel, _structure_grammar
-from .support import _require_xgrammar, _support
+from .structure import field_sentinel, structure_grammar
+from .support import require_xgrammar, vocabulary_support
 
 
 class CompiledSchema(SchemaEngine):
@@ -97,7 +97,7 @@ class CompiledSchema(SchemaEngine):
         schema: Any,
         options: SchemaOptions = SchemaOptions(),  # noqa: B008 (immutable)
     ) -> None:
-        _require_xgrammar()
+        require_xgrammar()
         import xgrammar
 
         started = time.perf_counter()
@@ -105,7 +105,7 @@ class CompiledSchema(SchemaEngine):
         self._schema = load_schema(schema)
         structural, sites = dispatch(self._schema, options.min_enum_values)
         self._vocab = compiler.vocab
-        support = _support(self._vocab)
+        support = vocabulary_support(self._vocab)
         self._support = support
         try:
             grammar = xgrammar.Grammar.from_json_schema(json.dumps(structural), **options.structure())
@@ -122,15 +122,13 @@ class CompiledSchema(SchemaEngine):
             k = by_values.get(key)
             if k is None:
                 k = by_values[key] = len(fields)
-                built = _compile_field(compiler, support, (site.path,), site.values, site.pattern)
-                fields.append(replace(built, placeholders=(site.placeholder,), sentinel=_sentinel(k, width)))
+                built = compile_field(compiler, support, (site.path,), site.values, site.pattern)
+                fields.append(replace(built, placeholders=(site.placeholder,), sentinel=field_sentinel(k, width)))
             else:
                 f = fields[k]
                 fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, site.placeholder))
         self._ebnf = ebnf
-        self._finish(
-            fields, support.grammar_compiler.compile_grammar(_structure_grammar(ebnf, field_sentinels(fields)))
-        )
+        self._finish(fields, support.grammar_compiler.compile_grammar(structure_grammar(ebnf, field_sentinels(fields))))
         self._compile_seconds = time.perf_counter() - started
 
     def _finish(self, fields: Sequence[Field], grammar: Any) -> None:
@@ -203,7 +201,7 @@ class CompiledSchema(SchemaEngine):
     @property
     def fingerprint(self) -> str:
         """Fingerprint of what was compiled: the schema (or tool list) and the options."""
-        return _fingerprint(self._kind, self._described(), self._file_options())
+        return schema_fingerprint(self._kind, self._described(), self._file_options())
 
     def compiled_from(self, given: Any, **options: Any) -> bool:
         """Whether this is what compiling ``given`` (a schema, or a tool list for
@@ -215,7 +213,7 @@ class CompiledSchema(SchemaEngine):
             described = self._described_for(given)
         except (TriemaskError, TypeError, ValueError, RecursionError):
             return False
-        return _fingerprint(self._kind, described, wanted) == self.fingerprint
+        return schema_fingerprint(self._kind, described, wanted) == self.fingerprint
 
     def _described(self) -> Any:
         """What the file stores to describe what was compiled (the tool list for tools)."""
@@ -236,15 +234,15 @@ class CompiledSchema(SchemaEngine):
 
     def _file_parts(self) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
         arrays: dict[str, npt.NDArray[Any]] = {
-            "described": _text_array(json.dumps(self._described(), sort_keys=True)),
-            "ebnf": _text_array(self._ebnf),
-            "grammar": _text_array(self._grammar.serialize_json()),
+            "described": text_array(json.dumps(self._described(), sort_keys=True)),
+            "ebnf": text_array(self._ebnf),
+            "grammar": text_array(self._grammar.serialize_json()),
         }
         fields = []
         for k, f in enumerate(self._fields):
             kind, automaton_meta, automaton_arrays = f.automaton.file_parts()
             arrays.update({f"f{k}.automaton.{name}": array for name, array in automaton_arrays.items()})
-            arrays.update({f"f{k}.{name}": array for name, array in _field_tables(f).items()})
+            arrays.update({f"f{k}.{name}": array for name, array in field_tables(f).items()})
             fields.append(
                 {
                     "paths": list(f.paths),
@@ -328,19 +326,19 @@ class CompiledSchema(SchemaEngine):
 
     @classmethod
     def _restore(cls, stored: storage.Stored, vocab: Vocabulary, compiler: SetCompiler | None) -> CompiledSchema:
-        _require_xgrammar()
+        require_xgrammar()
         import xgrammar
 
         self = cls.__new__(cls)
         meta, arrays, source = stored.meta, stored.arrays, stored.source
-        support = _support(vocab)
+        support = vocabulary_support(vocab)
         try:
             options = meta["options"]
             self._options = SchemaOptions.from_file(options)
-            described = json.loads(_array_text(arrays["described"]))
-            self._ebnf = _array_text(arrays["ebnf"])
-            grammar_json = _array_text(arrays["grammar"])
-            fields = [_restore_field(stored, support, k, entry) for k, entry in enumerate(meta["fields"])]
+            described = json.loads(array_text(arrays["described"]))
+            self._ebnf = array_text(arrays["ebnf"])
+            grammar_json = array_text(arrays["grammar"])
+            fields = [restore_field(stored, support, k, entry) for k, entry in enumerate(meta["fields"])]
             self._compile_seconds = float(meta["compile_seconds"])
         except AutomatonFileError:
             raise
@@ -357,7 +355,7 @@ class CompiledSchema(SchemaEngine):
         except Exception:  # xgrammar raises several kinds for one answer: not readable
             try:
                 grammar = support.grammar_compiler.compile_grammar(
-                    _structure_grammar(self._ebnf, field_sentinels(fields))
+                    structure_grammar(self._ebnf, field_sentinels(fields))
                 )
             except Exception as error:
                 raise AutomatonFileError(

@@ -10,7 +10,7 @@ import numpy.typing as npt
 
 from ..automata import DEAD
 from .fields import Field
-from .structure import STRUCT, Configuration, _ends, _starts
+from .structure import STRUCT, Configuration, value_end_offsets, value_start_offsets
 from .support import VocabularySupport
 
 
@@ -58,7 +58,7 @@ class SchemaEngine:
         whole = matcher.fork()
         if whole.accept_string(data):
             found.append(Configuration(self, whole, STRUCT, 0, b"", None))
-        for j in _starts(data, self._starts_first):
+        for j in value_start_offsets(data, self._starts_first):
             for k, field in enumerate(self._fields):
                 if data[j] not in field.first:
                     continue
@@ -69,7 +69,7 @@ class SchemaEngine:
                 node = field.tails.get(piece)
                 if node is not None:
                     found += self._settle(entered, k, node, value_start, {})
-                for i in _ends(piece, field.last):
+                for i in value_end_offsets(piece, field.last):
                     value_node = field.middles.get(piece[:i])
                     if value_node is not None:
                         for config in self._exit(entered, k, value_node, value_start):

@@ -19,7 +19,7 @@ from ..base import ArgumentTypeError, AutomatonFileError, IncompatibleValueError
 from ..sets import SetCompiler, unanchored
 from ..vocab import Vocabulary
 from .reading import json_texts
-from .structure import _SENTINEL_LEAD, DEFAULT_MIN_ENUM_VALUES
+from .structure import DEFAULT_MIN_ENUM_VALUES, SENTINEL_LEAD
 from .support import Pieces, VocabularySupport
 
 
@@ -52,7 +52,7 @@ class Field:
         return self.exit_nodes.data
 
 
-def _compile_field(
+def compile_field(
     compiler: SetCompiler,
     support: VocabularySupport,
     site_paths: tuple[str, ...],
@@ -155,11 +155,11 @@ def _compile_field(
     )
 
 
-def _text_array(text: str) -> npt.NDArray[np.uint8]:
+def text_array(text: str) -> npt.NDArray[np.uint8]:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 
 
-def _array_text(array: npt.NDArray[Any]) -> str:
+def array_text(array: npt.NDArray[Any]) -> str:
     if array.dtype != np.uint8:
         raise TypeError(f"text stored as {array.dtype}, not bytes")
     return array.tobytes().decode("utf-8")
@@ -182,7 +182,7 @@ def _unpacked(flat: npt.NDArray[Any], offsets: npt.NDArray[Any]) -> list[bytes]:
     return [data[a:b] for a, b in pairwise(bounds)]
 
 
-def _field_tables(f: Field) -> dict[str, npt.NDArray[Any]]:
+def field_tables(f: Field) -> dict[str, npt.NDArray[Any]]:
     """The boundary tables of a field as flat arrays (for the file format)."""
     tails, tail_offsets = _packed(f.tails)
     middles, middle_offsets = _packed(f.middles)
@@ -227,7 +227,7 @@ def stored_field_automaton(stored: storage.Stored, k: int, vocab: Vocabulary | N
     )
 
 
-def _restore_field(stored: storage.Stored, support: VocabularySupport, k: int, entry: dict[str, Any]) -> Field:
+def restore_field(stored: storage.Stored, support: VocabularySupport, k: int, entry: dict[str, Any]) -> Field:
     """Field ``k`` of a stored schema, every table checked against its automaton, the
     vocabulary and the token pieces (a checksum-valid but inconsistent file is refused,
     never left to fail in a decoding step)."""
@@ -303,7 +303,7 @@ def _restore_field(stored: storage.Stored, support: VocabularySupport, k: int, e
         raise ValueError(f"field {k}: exit tables of unequal lengths or out of order")
     sentinel = bytes.fromhex(entry["sentinel"])
     placeholders = tuple(str(p) for p in entry.get("placeholders", ()))
-    if not sentinel.startswith(bytes([_SENTINEL_LEAD])) or len(placeholders) != len(entry["paths"]):
+    if not sentinel.startswith(bytes([SENTINEL_LEAD])) or len(placeholders) != len(entry["paths"]):
         raise AutomatonFileError(
             f"{stored.source} was written by a triemask whose field entries free strings could forge: "
             "compile the schema again",
@@ -334,7 +334,7 @@ def _restore_field(stored: storage.Stored, support: VocabularySupport, k: int, e
 # --------------------------------------------------------------------------- compiled schema
 
 
-def _fingerprint(kind: str, described: Any, file_options: dict[str, Any]) -> str:
+def schema_fingerprint(kind: str, described: Any, file_options: dict[str, Any]) -> str:
     digest = hashlib.blake2b(kind.encode(), digest_size=16)
     digest.update(json.dumps([described, file_options], sort_keys=True).encode())
     return digest.hexdigest()

@@ -20,23 +20,23 @@ than xgrammar's alternation, 3x faster at 1,000 and 25-100x beyond 10,000; per s
 is faster up to a few thousand values, so schemas reused by many requests may want more."""
 
 _FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
-_VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
+VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
 _BEFORE_VALUE = re.compile(rb"(?:.*[:,\[])?[ \t\n\r]*\Z", re.S)  # structure a value can follow
-_SENTINEL_LEAD = 0xFF  # never in UTF-8, so in no text of the structure's language
+SENTINEL_LEAD = 0xFF  # never in UTF-8, so in no text of the structure's language
 _SENTINEL_DIGITS = bytes(range(0x10, 0x20))
 STRUCT = -1
 
 
-def _sentinel(k: int, width: int) -> bytes:
-    return bytes([_SENTINEL_LEAD, *(_SENTINEL_DIGITS[(k >> (4 * i)) & 15] for i in reversed(range(width)))])
+def field_sentinel(k: int, width: int) -> bytes:
+    return bytes([SENTINEL_LEAD, *(_SENTINEL_DIGITS[(k >> (4 * i)) & 15] for i in reversed(range(width)))])
 
 
-def _starts(token: bytes, first: bytes) -> list[int]:
+def value_start_offsets(token: bytes, first: bytes) -> list[int]:
     """Offsets in ``token`` where a value starting with one of ``first`` may begin."""
     return [j for j, c in enumerate(token) if c in first and (j == 0 or _BEFORE_VALUE.match(token, 0, j))]
 
 
-def _ends(token: bytes, last: bytes) -> list[int]:
+def value_end_offsets(token: bytes, last: bytes) -> list[int]:
     """Offsets ``i`` in ``token`` where a value ending with one of ``last`` may stop."""
     return [i for i in range(1, len(token)) if token[i] in _FOLLOW and token[i - 1] in last]
 
@@ -60,7 +60,7 @@ _INTO_FREE_TEXT = (b'"', b'"b', b'"a@', b'{"', b'{"k": "')
 
 
 @cache
-def _check_entry_unforgeable() -> None:
+def check_entry_unforgeable() -> None:
     """Refuse an xgrammar whose free text can hold byte 0xFF: a field's entry (the sentinel)
     would then be forgeable inside a string. Once per process, on 256 one-byte tokens."""
     import xgrammar
@@ -77,16 +77,16 @@ def _check_entry_unforgeable() -> None:
         if not matcher.accept_string(prefix):  # pragma: no cover - a change in xgrammar's JSON
             raise ImportError(f"triemask cannot check xgrammar's free text: it refuses {prefix!r}")
         matcher.fill_next_token_bitmask(mask)
-        in_mask = (int(mask[0, _SENTINEL_LEAD >> 5]) >> (_SENTINEL_LEAD & 31)) & 1
-        if in_mask or matcher.fork().accept_string(bytes([_SENTINEL_LEAD])):
+        in_mask = (int(mask[0, SENTINEL_LEAD >> 5]) >> (SENTINEL_LEAD & 31)) & 1
+        if in_mask or matcher.fork().accept_string(bytes([SENTINEL_LEAD])):
             raise ImportError(
                 f"the installed xgrammar ({version('xgrammar')}) lets free text (after {prefix!r}) hold byte "
-                f"0x{_SENTINEL_LEAD:02X}, with which triemask marks where a field's value may start: its schemas "
+                f"0x{SENTINEL_LEAD:02X}, with which triemask marks where a field's value may start: its schemas "
                 "would accept invalid JSON. Install an xgrammar that keeps strings UTF-8 (0.2.x)."
             )
 
 
-def _structure_grammar(ebnf: str, sentinels: dict[str, bytes]) -> Any:
+def structure_grammar(ebnf: str, sentinels: dict[str, bytes]) -> Any:
     """xgrammar's grammar of ``ebnf`` with each placeholder's literal (its JSON text, a key
     of ``sentinels``) made that field's sentinel.
 

@@ -13,7 +13,7 @@ import numpy as np
 from ..base import BoundedLRU, bitmask_width
 from ..vocab import TokenIndex, Vocabulary
 from .json_lexer import Lexical
-from .structure import _SENTINEL_LEAD, _VALUE_FIRST, _check_entry_unforgeable, _ends, _starts
+from .structure import SENTINEL_LEAD, VALUE_FIRST, check_entry_unforgeable, value_end_offsets, value_start_offsets
 
 
 class Pieces:
@@ -34,8 +34,8 @@ class Pieces:
         for t, data in enumerate(support.tokens):
             if not data or never[t]:
                 continue
-            starts = _starts(data, first)
-            ends = _ends(data, last)
+            starts = value_start_offsets(data, first)
+            ends = value_end_offsets(data, last)
             for j in starts:
                 self.enters.append((ids.setdefault(data[j:], len(ids)), t, j, len(data)))
                 self.enters.extend((ids.setdefault(data[j:i], len(ids)), t, j, i) for i in ends if i > j)
@@ -83,7 +83,7 @@ def _longest_token_prefix(data: bytes, token_ids: dict[bytes, int]) -> int:
 
 def _single_start(data: bytes, prefix_ids: dict[bytes, int]) -> int:
     """-2: no value can start in ``data``; the prefix id of its one possible start; -1: unknown."""
-    starts = _starts(data, _VALUE_FIRST)
+    starts = value_start_offsets(data, VALUE_FIRST)
     if not starts:
         return -2
     if len(starts) == 1 and data[: starts[0]] in prefix_ids:
@@ -105,7 +105,7 @@ class VocabularySupport:
         # Real tokens holding 0xFF (a sentinel's lead byte, never in UTF-8 text) or raw
         # control bytes where strict JSON has none are refused by the lexer tables.
         self.lexical = Lexical.of(self.tokens, self.width)
-        prefixes = sorted({data[:j] for data in self.tokens if data for j in _starts(data, _VALUE_FIRST)})
+        prefixes = sorted({data[:j] for data in self.tokens if data for j in value_start_offsets(data, VALUE_FIRST)})
         self.prefixes = prefixes
         self.prefix_ids = {p: i for i, p in enumerate(prefixes)}
         # The extra tokens go in the model's padding ids when they fit (then xgrammar
@@ -114,7 +114,7 @@ class VocabularySupport:
         self.first_pseudo = len(self.tokens) if self.inline else 32 * self.width
         encoded = [data or b"" for data in self.tokens]
         encoded += [b""] * (self.first_pseudo - len(encoded))
-        encoded += [p + bytes([_SENTINEL_LEAD]) for p in prefixes]
+        encoded += [p + bytes([SENTINEL_LEAD]) for p in prefixes]
         if self.inline:
             encoded += [b""] * (vocab.vocab_size - len(encoded))
         self.xgr_width = bitmask_width(len(encoded))
@@ -152,11 +152,11 @@ def prepare_schemas(vocab: Vocabulary) -> None:
     """Build now what every schema of ``vocab`` shares (xgrammar's tokenizer info with the extra
     tokens, the JSON lexer's tables; 0.7 s for a 49K vocabulary, 2.2 s for Qwen's 151K), so the
     first schema a server compiles does not pay for it inside an engine step. Needs xgrammar."""
-    _require_xgrammar()
-    _support(vocab)
+    require_xgrammar()
+    vocabulary_support(vocab)
 
 
-def _support(vocab: Vocabulary) -> VocabularySupport:
+def vocabulary_support(vocab: Vocabulary) -> VocabularySupport:
     with _SUPPORT_LOCK:
         found = _SUPPORT.get(vocab.fingerprint)
     if found is None:
@@ -168,7 +168,7 @@ def _support(vocab: Vocabulary) -> VocabularySupport:
     return found
 
 
-def _require_xgrammar() -> None:
+def require_xgrammar() -> None:
     try:
         import xgrammar  # noqa: F401
     except ImportError:
@@ -179,4 +179,4 @@ def _require_xgrammar() -> None:
     found = version("xgrammar")
     if tuple(int(x) for x in re.findall(r"\d+", found)[:3]) < (0, 2, 1):  # earlier ones over-accept alternations
         raise ImportError(f"triemask needs xgrammar >= 0.2.1 (pip install -U xgrammar), found {found}")
-    _check_entry_unforgeable()
+    check_entry_unforgeable()

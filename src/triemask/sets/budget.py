@@ -5,7 +5,7 @@ from __future__ import annotations
 from ..base import MemoryLimitError, ValueSetError, integer
 
 
-def _budget(max_bytes: int | None) -> int | None:
+def checked_budget(max_bytes: int | None) -> int | None:
     """``max_bytes`` checked: None, or a positive integer (``ValueSetError`` otherwise)."""
     if max_bytes is None:
         return None
@@ -15,7 +15,7 @@ def _budget(max_bytes: int | None) -> int | None:
     return max_bytes
 
 
-class _EdgeBudget:
+class EdgeBudget:
     """The edges an acyclic automaton's compile may make within ``max_bytes`` (8 bytes each
     in the automaton, 8 more while they are sorted), spent as the matching finds them and
     checked against what the next step will hold, so a hostile pattern is refused after
@@ -62,7 +62,7 @@ class _EdgeBudget:
         )
 
 
-def _over_budget(limit: int, needed: int, what: str) -> MemoryLimitError:
+def over_budget(limit: int, needed: int, what: str) -> MemoryLimitError:
     return MemoryLimitError(
         f"the set needs at least {needed:,} bytes for {what}, more than max_bytes={limit:,}: "
         "raise the limit, split the set, or use layout='dag' for sets with common endings",

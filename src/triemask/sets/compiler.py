@@ -44,9 +44,17 @@ from ..base import (
     set_fingerprint,
 )
 from ..vocab import TokenIndex, Vocabulary
-from .budget import _budget, _EdgeBudget, _over_budget
+from .budget import EdgeBudget, checked_budget, over_budget
 from .lazy import lazy_arrays
-from .matching import _EdgeKeys, _eos_edges, _match, _match_dag, _match_dag_by_class, _prune, _raise_incompatible
+from .matching import (
+    EdgeKeys,
+    eos_edges,
+    match_dag,
+    match_dag_by_class,
+    match_trie,
+    prune_unreachable,
+    raise_incompatible,
+)
 from .regex import FORMATS, dag_of_pattern
 from .update import updated
 
@@ -143,7 +151,7 @@ class SetCompiler:
         MemoryLimitError
             The automaton would take more than ``max_bytes``.
         """
-        max_bytes = _budget(max_bytes)
+        max_bytes = checked_budget(max_bytes)
         if cache_bytes is not None:
             if layout != "lazy":
                 raise ValueSetError(f"cache_bytes applies to layout='lazy' only, not layout={layout!r:.40}")
@@ -156,14 +164,14 @@ class SetCompiler:
             limit = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
             lazy = self._compile_lazy(values, eos=eos, cache_bytes=limit, max_bytes=max_bytes)
             if max_bytes is not None and lazy.memory_bytes + limit > max_bytes:
-                raise _over_budget(max_bytes, lazy.memory_bytes + limit, "the trie and the cache bound")
+                raise over_budget(max_bytes, lazy.memory_bytes + limit, "the trie and the cache bound")
             return lazy
         elif layout != "trie":
             raise ValueSetError(f"layout must be 'trie', 'dag' or 'lazy', got {layout!r:.40}")
         else:
             automaton = self._compile(values, eos=eos, max_bytes=max_bytes)[0]
         if max_bytes is not None and automaton.memory_bytes > max_bytes:
-            raise _over_budget(max_bytes, automaton.memory_bytes, "the automaton")
+            raise over_budget(max_bytes, automaton.memory_bytes, "the automaton")
         return automaton
 
     def compile_regex(self, pattern: str, *, eos: bool = True, max_bytes: int | None = None) -> DagAutomaton:
@@ -204,7 +212,7 @@ class SetCompiler:
         """
         if not isinstance(pattern, str):
             raise ArgumentTypeError(f"pattern must be a str, got {type(pattern).__name__} {pattern!r:.40}")
-        return self._compile_dag(dag_of_pattern(pattern), pattern, eos=eos, max_bytes=_budget(max_bytes))[0]
+        return self._compile_dag(dag_of_pattern(pattern), pattern, eos=eos, max_bytes=checked_budget(max_bytes))[0]
 
     def compile_format(self, name: str, *, eos: bool = True) -> DagAutomaton:
         """Compile one of the built-in finite formats: ``date`` (``YYYY-MM-DD``),
@@ -265,17 +273,17 @@ class SetCompiler:
         self._check_eos(eos)
         items, strings, flat, starts, are_str = encode_values(values)
         if max_bytes is not None and flat.nbytes + starts.nbytes > max_bytes:  # the values alone
-            raise _over_budget(max_bytes, flat.nbytes + starts.nbytes, "the values")
+            raise over_budget(max_bytes, flat.nbytes + starts.nbytes, "the values")
         trie = build_trie(flat, starts, strings=strings)
         n, k = trie.num_nodes, trie.num_strings
         eos_ids = self._vocab.eos_token_ids if eos else ()
         # what the automaton takes besides its edges (8 bytes each): offsets, values, maps
         fixed = 4 * (n + 2) + trie.flat.nbytes + trie.starts.nbytes + 8 * k + trie.level_offsets.nbytes
         if max_bytes is not None and fixed > max_bytes:
-            raise _over_budget(max_bytes, fixed, f"the trie ({n:,} nodes)")
+            raise over_budget(max_bytes, fixed, f"the trie ({n:,} nodes)")
         max_edges = -1 if max_bytes is None else (max_bytes - fixed) // 8
         native = kernels.KERNELS
-        if native is not None:  # the same matching and layout in C (see _match)
+        if native is not None:  # the same matching and layout in C (see match_trie)
             if n + k >= 1 << 31:
                 raise ValueSetError(f"{n + k} states exceed triemask's 32-bit state ids; split the set")
             try:
@@ -290,27 +298,29 @@ class SetCompiler:
             except OverflowError as error:  # over 2**31 edges
                 raise ValueSetError(f"{error}") from None
             if csr is None:  # stopped when the edges passed the budget
-                raise _over_budget(max_bytes or 0, fixed + 8 * (max_edges + 1), f"the edges of {n:,} nodes")
+                raise over_budget(max_bytes or 0, fixed + 8 * (max_edges + 1), f"the edges of {n:,} nodes")
             offsets, tokens, dests = (np.frombuffer(b, dtype=np.int32) for b in csr)
         else:
-            keys = _EdgeKeys(n, n + k, self._vocab.vocab_size)
-            found = _match(trie, self._index, keys)
+            keys = EdgeKeys(n, n + k, self._vocab.vocab_size)
+            found = match_trie(trie, self._index, keys)
             if eos:
-                found.append(_eos_edges(trie.terminal, trie.num_nodes, keys, eos_ids))
+                found.append(eos_edges(trie.terminal, trie.num_nodes, keys, eos_ids))
             edges = sum(len(batch) for batch in found)
             if max_bytes is not None and edges > max_edges:
-                raise _over_budget(max_bytes, fixed + 8 * edges, f"the edges of {n:,} nodes")
+                raise over_budget(max_bytes, fixed + 8 * edges, f"the edges of {n:,} nodes")
             tokens, dests, offsets = keys.csr(found, n)
         if not self._every_byte_is_a_token(trie.byte[1:]):
-            tokens, dests, offsets, reachable = _prune(n, trie.level_offsets, trie.terminal, tokens, dests, offsets)
+            tokens, dests, offsets, reachable = prune_unreachable(
+                n, trie.level_offsets, trie.terminal, tokens, dests, offsets
+            )
             spelled = reachable[trie.terminal]
             if not spelled.all():
-                _raise_incompatible(trie, self._index, reachable, int(np.flatnonzero(~spelled)[0]), are_str)
+                raise_incompatible(trie, self._index, reachable, int(np.flatnonzero(~spelled)[0]), are_str)
         terminal_order = np.argsort(trie.terminal, kind="stable").astype(np.int32)
         pseudo_edges = None
         if pseudo is not None:
-            pseudo_keys = _EdgeKeys(n, n, pseudo.vocab.vocab_size)
-            pseudo_edges = pseudo_keys.csr(_match(trie, pseudo, pseudo_keys), n)
+            pseudo_keys = EdgeKeys(n, n, pseudo.vocab.vocab_size)
+            pseudo_edges = pseudo_keys.csr(match_trie(trie, pseudo, pseudo_keys), n)
         automaton = TrieAutomaton(
             edge_offsets=offsets,
             edge_tokens=tokens,
@@ -347,7 +357,7 @@ class SetCompiler:
         n, k = trie.num_nodes, trie.num_strings
         needed = 3 * n + 8 * k + cache_bytes  # node words and bytes, value maps, the cache bound
         if max_bytes is not None and needed > max_bytes:
-            raise _over_budget(max_bytes, needed, f"the trie ({n:,} nodes) and the cache bound")
+            raise over_budget(max_bytes, needed, f"the trie ({n:,} nodes) and the cache bound")
         if n + k >= 1 << 31:
             raise ValueSetError(f"{n + k} states exceed triemask's 32-bit state ids; split the set")
         live = None
@@ -396,22 +406,24 @@ class SetCompiler:
         max_bytes: int | None = None,
     ) -> tuple[DagAutomaton, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]] | None]:
         """Match the vocabulary against an acyclic byte automaton: the trie compile
-        with several parents per node (see ``_match_dag``). ``started``: when the
+        with several parents per node (see ``match_dag``). ``started``: when the
         caller's part of the compile began (for ``compile_seconds``); ``max_bytes``: see
         :meth:`compile_regex`."""
         started = time.perf_counter() if started is None else started
         self._check_eos(eos)
         n, accepting = dag.num_nodes, dag.accepting
-        keys = _EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
-        budget = _EdgeBudget(max_bytes, n, pattern)
-        found = _match_dag_by_class(dag, self._index, keys, budget)
+        keys = EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
+        budget = EdgeBudget(max_bytes, n, pattern)
+        found = match_dag_by_class(dag, self._index, keys, budget)
         if found is None:
-            found = _match_dag(dag, self._index, keys, budget)
+            found = match_dag(dag, self._index, keys, budget)
         if eos:
-            found.append(_eos_edges(accepting, n, keys, self._vocab.eos_token_ids))
+            found.append(eos_edges(accepting, n, keys, self._vocab.eos_token_ids))
         tokens, dests, offsets = keys.csr(found, n)
         if not self._every_byte_is_a_token(dag.byte):
-            tokens, dests, offsets, reachable = _prune(n, dag.level_offsets, accepting, tokens, dests, offsets)
+            tokens, dests, offsets, reachable = prune_unreachable(
+                n, dag.level_offsets, accepting, tokens, dests, offsets
+            )
             if not reachable[accepting].any():
                 raise IncompatibleValueError(
                     f"no string of {pattern!r:.80} can be spelled with this vocabulary's text tokens",
@@ -427,8 +439,8 @@ class SetCompiler:
         gather = np.arange(int(spell_offsets[-1])) + np.repeat(starts[spell_ids] - spell_offsets[:-1], spell_lengths)
         pseudo_edges = None
         if pseudo is not None:
-            pseudo_keys = _EdgeKeys(n, n, pseudo.vocab.vocab_size)
-            pseudo_edges = pseudo_keys.csr(_match_dag(dag, pseudo, pseudo_keys), n)
+            pseudo_keys = EdgeKeys(n, n, pseudo.vocab.vocab_size)
+            pseudo_edges = pseudo_keys.csr(match_dag(dag, pseudo, pseudo_keys), n)
         automaton = DagAutomaton(
             dag=dag,
             pattern=pattern,

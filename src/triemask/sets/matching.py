@@ -9,12 +9,12 @@ import numpy.typing as npt
 
 from ..base import ByteDag, ByteTrie, IncompatibleValueError, ValueSetError, mix64
 from ..vocab import TokenIndex
-from .budget import _EdgeBudget
+from .budget import EdgeBudget
 
 # --------------------------------------------------------------------------- matching
 
 
-class _EdgeKeys:
+class EdgeKeys:
     """Packs an edge ``(source, token, destination)`` into one uint64 whose order is
     (source, token): sorting the keys groups edges by node, tokens ascending.
 
@@ -63,7 +63,7 @@ class _EdgeKeys:
         return tokens, dests, offsets.astype(np.int32)
 
 
-def _match(trie: ByteTrie, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArray[np.uint64]]:
+def match_trie(trie: ByteTrie, index: TokenIndex, keys: EdgeKeys) -> list[npt.NDArray[np.uint64]]:
     """All allowed text edges, as packed keys, in batches."""
     parent, byte = trie.parent, trie.byte
     n = trie.num_nodes
@@ -87,10 +87,10 @@ def _match(trie: ByteTrie, index: TokenIndex, keys: _EdgeKeys) -> list[npt.NDArr
     return found
 
 
-def _match_dag(
-    dag: ByteDag, index: TokenIndex, keys: _EdgeKeys, budget: _EdgeBudget | None = None
+def match_dag(
+    dag: ByteDag, index: TokenIndex, keys: EdgeKeys, budget: EdgeBudget | None = None
 ) -> list[npt.NDArray[np.uint64]]:
-    """``_match`` over an acyclic automaton: a node may have several incoming edges,
+    """``match_trie`` over an acyclic automaton: a node may have several incoming edges,
     so each step up the automaton fans a frontier entry out over the edges into its
     start. Determinism keeps the triples (start, end, token suffix) distinct: from a
     start node, a byte string leads to one end node at most."""
@@ -148,17 +148,17 @@ def _byte_classes(dag: ByteDag) -> tuple[npt.NDArray[np.int64], int] | None:
     return classes, len(first)
 
 
-def _match_dag_by_class(
-    dag: ByteDag, index: TokenIndex, keys: _EdgeKeys, budget: _EdgeBudget | None = None
+def match_dag_by_class(
+    dag: ByteDag, index: TokenIndex, keys: EdgeKeys, budget: EdgeBudget | None = None
 ) -> list[npt.NDArray[np.uint64]] | None:
-    """``_match_dag`` over byte *classes*, for automata whose edges carry many
+    """``match_dag`` over byte *classes*, for automata whose edges carry many
     interchangeable bytes (``[0-9A-Fa-f]``): tokens whose bytes have the same classes
     are allowed in the same places, so the matching runs once per class string.
 
     1. The token suffixes made of bytes the automaton uses are enumerated in the token
        index (children are contiguous), and each is mapped to its class string, building
        the (reversed) trie of class strings and the tokens that end at each of its nodes.
-    2. The backward matching of ``_match_dag`` runs on the automaton with class labels
+    2. The backward matching of ``match_dag`` runs on the automaton with class labels
        against that small trie.
     3. Each edge ``a --class string--> m`` becomes an edge for every token of the string.
 
@@ -267,7 +267,7 @@ def _match_dag_by_class(
 
 
 def _duplicate_edges(
-    index: TokenIndex, keys: _EdgeKeys, a: npt.NDArray[Any], u: npt.NDArray[Any], m: npt.NDArray[np.uint64]
+    index: TokenIndex, keys: EdgeKeys, a: npt.NDArray[Any], u: npt.NDArray[Any], m: npt.NDArray[np.uint64]
 ) -> list[npt.NDArray[np.uint64]]:
     """Edges for the other ids of tokens whose bytes equal another token's."""
     assert index.dup_offsets is not None and index.dup_tokens is not None
@@ -281,8 +281,8 @@ def _duplicate_edges(
     return [keys.pack(a[which], index.dup_tokens[position], m[which])]
 
 
-def _eos_edges(
-    terminal: npt.NDArray[np.int32], num_nodes: int, keys: _EdgeKeys, eos_ids: tuple[int, ...]
+def eos_edges(
+    terminal: npt.NDArray[np.int32], num_nodes: int, keys: EdgeKeys, eos_ids: tuple[int, ...]
 ) -> npt.NDArray[np.uint64]:
     """``terminal[i] --eos--> final state num_nodes + i`` for every EOS id."""
     k = len(terminal)
@@ -295,7 +295,7 @@ def _eos_edges(
 # --------------------------------------------------------------------------- rare path
 
 
-def _prune(
+def prune_unreachable(
     n: int,
     levels: npt.NDArray[np.int64],
     terminal: npt.NDArray[np.int32],
@@ -331,7 +331,7 @@ def _prune(
     return tokens, dests, offsets, reachable
 
 
-def _raise_incompatible(
+def raise_incompatible(
     trie: ByteTrie, index: TokenIndex, reachable: npt.NDArray[np.bool_], value_index: int, are_str: bool
 ) -> None:
     raw = trie.string(value_index)

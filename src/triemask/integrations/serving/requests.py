@@ -13,7 +13,6 @@ from ...schemas import TOO_DEEP, dispatch, load_schema, read_tools, structure_co
 from ...sets import FORMATS, dag_of_pattern
 from ...sets import literal_alternatives as regex_literals
 from .limits import (
-    _ARGS,
     FORMAT_ARG,
     MAX_PATTERN_BYTES_ENV,
     MAX_SCHEMA_COST_ENV,
@@ -21,6 +20,7 @@ from .limits import (
     MAX_VALUE_BYTES_ENV,
     MAX_VALUES_ENV,
     REGEX_ARG,
+    REQUEST_ARGS,
     SCHEMA_ARG,
     SET_ARG,
     TOOLS_ARG,
@@ -43,7 +43,7 @@ def requested_values(extra_args: Mapping[str, Any] | None, limits: Limits | None
         return None
     if not isinstance(extra_args, Mapping):
         raise RequestError(f"extra_args must be a mapping, got {type(extra_args).__qualname__}")
-    given = [arg for arg in _ARGS if extra_args.get(arg) is not None]
+    given = [arg for arg in REQUEST_ARGS if extra_args.get(arg) is not None]
     if len(given) > 1:
         raise RequestError(f"give one triemask argument per request, not both {' and '.join(map(repr, given[:2]))}")
     values, name = extra_args.get(VALUES_ARG), extra_args.get(SET_ARG)
