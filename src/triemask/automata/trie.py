@@ -75,6 +75,7 @@ class TrieAutomaton(AutomatonBase):
     __slots__ = (
         "_compiler",
         "_dense_nodes",
+        "_dense_rows",
         "_dests_view",
         "_edge_dests",
         "_edge_offsets",
@@ -91,7 +92,6 @@ class TrieAutomaton(AutomatonBase):
         "_value_flat",
         "_value_starts",
         "_width",
-        "_dense_rows",
     )
 
     def __init__(
