@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from ..automata import TrieAutomaton, restore_stored
-from ..base import AutomatonFileError, TriemaskError, cache_directory
+from ..base import AutomatonFileError, TriemaskError, cache_directory, file_kinds
 from ..base import read as read_file
 from ..compiler import Compiler
 from ..schemas import CompiledSchema, stored_field_automaton
 from ..vocab import Vocabulary
 
-FILE_KINDS = ("trie", "dag", "lazy", "token_index", "schema", "tools")
 QWEN_VOCAB_SIZE = 151936  # Qwen2 / 2.5 models' logits width
 
 
@@ -116,7 +115,7 @@ def compile_command(args: argparse.Namespace) -> None:
 
 def describe(path: Path) -> dict[str, Any]:
     """A compiled file's header, array sizes and structure (no vocabulary needed)."""
-    stored = read_file(path, kinds=FILE_KINDS)
+    stored = read_file(path, kinds=file_kinds())
     header = stored.header
     description: dict[str, Any] = {
         "file": str(path),
@@ -178,7 +177,7 @@ def cache_command(args: argparse.Namespace) -> None:
     print(f"{folder}: {len(files)} files, {sum(p.stat().st_size for p in files):,} bytes")
     for path in files:
         try:
-            header = read_file(path, kinds=FILE_KINDS, verify=False).header
+            header = read_file(path, kinds=file_kinds(), verify=False).header
             what = f"{header['kind']:<12} vocabulary {header['vocab_fingerprint']}"
         except AutomatonFileError as error:
             what = f"unreadable: {error}"

@@ -21,7 +21,7 @@ from .errors import (
     VocabularyError,
     integer,
 )
-from .kinds import kind_class, kinds_of, register_kind
+from .kinds import file_kinds, kind_class, kinds_of, register_kind
 from .lru import BoundedLRU
 from .storage import cache_directory, read, read_regular_file
 from .trie import ByteTrie, build_trie
@@ -53,6 +53,7 @@ __all__ = [
     "dag_arrays",
     "dag_of_trie",
     "encode_values",
+    "file_kinds",
     "integer",
     "kernels",
     "kind_class",
