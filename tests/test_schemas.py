@@ -715,3 +715,43 @@ def test_random_enums_and_vocabularies_equal_the_whole_schema(
     compiled = Compiler(vocab).compile_json_schema(schema, any_whitespace=any_whitespace, min_enum_values=2)
     reference = reference_compiler(vocab).compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
     compare_walks(compiled, reference, vocab, walks=4, steps=30, seed=seed)
+
+
+def test_schemas_of_one_skeleton_share_their_structure(
+    byte_vocab: Vocabulary, byte_compiler: Compiler, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """Schemas that differ only in their enum values (labels per tenant) compile the structure
+    once: the second takes the first's grammar, and its masks are its own language's."""
+
+    def labelled(labels: list[str], scores: list[int]) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {
+                "label": {"enum": labels},
+                "note": {"type": "string", "maxLength": 8},
+                "score": {"enum": scores},
+                "again": {"enum": labels},
+            },
+            "required": ["label", "score"],
+        }
+
+    first = byte_compiler.compile_json_schema(labelled(NAMES[:6], [1, 2, 3]), min_enum_values=2)
+    schema = labelled(NAMES[6:14], [7, 8])
+    second = byte_compiler.compile_json_schema(schema, min_enum_values=2)
+    assert second.stats()["structure"]["shared"] and second._grammar is first._grammar
+    assert [f["values"] for f in second.stats()["trie_fields"]] == [8, 2]  # "again" shares "label"'s trie
+    other = byte_compiler.compile_json_schema(labelled(NAMES[:3], [1, 1, 2]), min_enum_values=2)  # 1 is a dedupe
+    assert other.stats()["structure"]["shared"]
+    differently_shared = {"type": "object", "properties": {"label": {"enum": NAMES[:4]}, "again": {"enum": NAMES[4:8]}}}
+    one = byte_compiler.compile_json_schema(differently_shared, min_enum_values=2)
+    differently_shared["properties"]["again"]["enum"] = NAMES[:4]  # the same values: one trie for both sites
+    two = byte_compiler.compile_json_schema(differently_shared, min_enum_values=2)
+    assert not two.stats()["structure"]["shared"] and len(one.stats()["trie_fields"]) == 2 != len(
+        two.stats()["trie_fields"]
+    )
+    reference = reference_compiler(byte_vocab).compile_json_schema(json.dumps(schema))
+    assert compare_walks(second, reference, byte_vocab, walks=8, steps=40, seed=3) > 24
+    second.save(tmp_path / "second.triemask")
+    loaded = CompiledSchema.load(tmp_path / "second.triemask", vocab=byte_vocab)
+    assert not loaded.stats()["structure"]["shared"]
+    assert compare_walks(loaded, reference, byte_vocab, walks=4, steps=40, seed=4) > 12

@@ -6,7 +6,7 @@ from .fields import SchemaOptions, stored_field_automaton
 from .matcher import SchemaMatcher, allowed_token_rows, fill_next_token_bitmasks
 from .reading import TOO_DEEP, dispatch, load_schema, structure_cost
 from .structure import DEFAULT_MIN_ENUM_VALUES
-from .support import prepare_schemas
+from .support import clear_structure_cache, prepare_schemas
 from .tools import DEFAULT_TOOL_CACHE_BYTES, CompiledTools, read_tools
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "SchemaMatcher",
     "SchemaOptions",
     "allowed_token_rows",
+    "clear_structure_cache",
     "dispatch",
     "fill_next_token_bitmasks",
     "load_schema",

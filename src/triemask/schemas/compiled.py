@@ -79,7 +79,7 @@ from .fields import (
 )
 from .reading import dispatch, load_schema
 from .structure import field_sentinel, structure_grammar
-from .support import require_xgrammar, vocabulary_support
+from .support import Skeleton, require_xgrammar, vocabulary_support
 
 
 class CompiledSchema(SchemaEngine):
@@ -107,28 +107,47 @@ class CompiledSchema(SchemaEngine):
         self._vocab = compiler.vocab
         support = vocabulary_support(self._vocab)
         self._support = support
-        try:
-            grammar = xgrammar.Grammar.from_json_schema(json.dumps(structural), **options.structure())
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
-        ebnf = str(grammar)
         # one trie per distinct value set, one sentinel per trie
         by_values: dict[Any, int] = {}
-        fields: list[Field] = []
-        width = max(1, (len(sites).bit_length() + 3) // 4)
-        for site in sites:
-            # 1 and True are distinct values; a pattern is its own key
+        numbers = []
+        for site in sites:  # 1 and True are distinct values; a pattern is its own key
             key = (tuple(map(type, site.values)), site.values) if site.pattern is None else ("pattern", site.pattern)
-            k = by_values.get(key)
-            if k is None:
-                k = by_values[key] = len(fields)
+            numbers.append(by_values.setdefault(key, len(by_values)))
+        width = max(1, (len(sites).bit_length() + 3) // 4)
+        # Schemas that differ only in their enum values (labels per tenant, a changed tool
+        # registry) share their structure: its grammar is compiled once per skeleton (the
+        # structural schema with the placeholders' nonce taken out, the options, which site
+        # is which field).
+        nonce = sites[0].placeholder.rsplit("-", 1)[0] if sites else ""
+        text = json.dumps(structural)
+        skeleton = (
+            text.replace(nonce, "triemask-skeleton") if nonce else text,
+            repr(options.structure()),
+            tuple(numbers),
+        )
+        cached = support.skeleton(skeleton)
+        self._structure_shared = cached is not None
+        if cached is None:
+            try:
+                ebnf = str(xgrammar.Grammar.from_json_schema(text, **options.structure()))
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
+            placeholders = [site.placeholder for site in sites]
+        else:
+            ebnf, placeholders = cached.ebnf, list(cached.placeholders)
+        fields: list[Field] = []
+        for site, k, placeholder in zip(sites, numbers, placeholders, strict=True):
+            if k == len(fields):
                 built = compile_field(compiler, support, (site.path,), site.values, site.pattern)
-                fields.append(replace(built, placeholders=(site.placeholder,), sentinel=field_sentinel(k, width)))
+                fields.append(replace(built, placeholders=(placeholder,), sentinel=field_sentinel(k, width)))
             else:
                 f = fields[k]
-                fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, site.placeholder))
+                fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, placeholder))
+        if cached is None:
+            grammar = support.grammar_compiler.compile_grammar(structure_grammar(ebnf, field_sentinels(fields)))
+            cached = support.keep_skeleton(skeleton, Skeleton(ebnf, tuple(placeholders), grammar))
         self._ebnf = ebnf
-        self._finish(fields, support.grammar_compiler.compile_grammar(structure_grammar(ebnf, field_sentinels(fields))))
+        self._finish(fields, cached.grammar)
         self._compile_seconds = time.perf_counter() - started
 
     def _finish(self, fields: Sequence[Field], grammar: Any) -> None:
@@ -188,7 +207,12 @@ class CompiledSchema(SchemaEngine):
                 }
                 for f in self._fields
             ],
-            "structure": {"engine": "xgrammar", "memory_bytes": int(self._grammar.memory_size_bytes)},
+            "structure": {
+                "engine": "xgrammar",
+                "memory_bytes": int(self._grammar.memory_size_bytes),
+                # compiled for an earlier schema of the same skeleton (only the enum values differ)
+                "shared": self._structure_shared,
+            },
             "options": self._options.to_file(),
             "memory_bytes": self.memory_bytes,
             "compile_seconds": self._compile_seconds,
@@ -340,6 +364,7 @@ class CompiledSchema(SchemaEngine):
             grammar_json = array_text(arrays["grammar"])
             fields = [restore_field(stored, support, k, entry) for k, entry in enumerate(meta["fields"])]
             self._compile_seconds = float(meta["compile_seconds"])
+            self._structure_shared = False  # rebuilt from the file
         except AutomatonFileError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, StateError) as error:

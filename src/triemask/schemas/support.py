@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import re
 import threading
+from collections.abc import Hashable
+from dataclasses import dataclass
 from functools import cached_property
 from importlib.metadata import version
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +94,21 @@ def _single_start(data: bytes, prefix_ids: dict[bytes, int]) -> int:
     return -1
 
 
+SKELETON_CACHE_BYTES = 64 << 20
+"""Bound on the structural grammars kept per vocabulary (by xgrammar's size of each)."""
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    """A schema structure compiled once: xgrammar's EBNF (with the first compile's
+    placeholders, which the fields of every later schema of this skeleton take), and the
+    compiled grammar with the fields' sentinels."""
+
+    ebnf: str
+    placeholders: tuple[str, ...]  # by site
+    grammar: Any
+
+
 class VocabularySupport:
     """What every mixed schema of one vocabulary shares: xgrammar's tokenizer info
     (the real tokens, then one ``p + 0xFF`` token per structural prefix ``p``), the
@@ -131,7 +149,24 @@ class VocabularySupport:
         )
         self.grammar_compiler = xgrammar.GrammarCompiler(self.info, cache_enabled=False)
         self._pieces: BoundedLRU[tuple[bytes, bytes], Pieces] = BoundedLRU(8)  # a handful of byte sets in practice
+        self._skeletons: BoundedLRU[Hashable, Skeleton] = BoundedLRU(SKELETON_CACHE_BYTES)
         self._lock = threading.Lock()
+
+    def skeleton(self, key: Hashable) -> Skeleton | None:
+        """The structure compiled earlier for a schema of this skeleton, if kept."""
+        with self._lock:
+            return self._skeletons.get(key)
+
+    def forget_skeletons(self) -> None:
+        with self._lock:
+            self._skeletons.clear()
+
+    def keep_skeleton(self, key: Hashable, compiled: Skeleton) -> Skeleton:
+        """Keep ``compiled`` for later schemas of the same skeleton (by its grammar's size);
+        the one kept first wins, so concurrent compiles share one grammar."""
+        size = int(compiled.grammar.memory_size_bytes) + 2 * len(compiled.ebnf)
+        with self._lock:
+            return self._skeletons.setdefault(key, compiled, size)
 
     def pieces(self, first: bytes, last: bytes) -> Pieces:
         key = (first, last)
@@ -144,7 +179,7 @@ class VocabularySupport:
             return self._pieces.setdefault(key, built)
 
 
-_SUPPORT: dict[str, VocabularySupport] = {}
+_SUPPORT: BoundedLRU[str, VocabularySupport] = BoundedLRU(4)  # by vocabulary fingerprint
 _SUPPORT_LOCK = threading.Lock()
 
 
@@ -160,12 +195,20 @@ def vocabulary_support(vocab: Vocabulary) -> VocabularySupport:
     with _SUPPORT_LOCK:
         found = _SUPPORT.get(vocab.fingerprint)
     if found is None:
-        found = VocabularySupport(vocab)
+        built = VocabularySupport(vocab)  # outside the lock: it takes a while
         with _SUPPORT_LOCK:
-            _SUPPORT[vocab.fingerprint] = found
-            while len(_SUPPORT) > 4:
-                del _SUPPORT[next(iter(_SUPPORT))]
+            found = _SUPPORT.setdefault(vocab.fingerprint, built)
     return found
+
+
+def clear_structure_cache() -> None:
+    """Forget the structures compiled so far (every vocabulary's), so that the next compile of
+    each schema builds its grammar again: for benchmarks of a first compile."""
+    with _SUPPORT_LOCK:
+        supports = [_SUPPORT.get(key) for key in list(_SUPPORT)]
+    for support in supports:
+        if support is not None:
+            support.forget_skeletons()
 
 
 def require_xgrammar() -> None:
