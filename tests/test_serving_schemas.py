@@ -160,6 +160,11 @@ def test_schema_size_is_limited() -> None:
         requested_schema({"triemask_json_schema": big}, Limits(max_values=10, max_value_bytes=10, max_set_bytes=1_000))
     request = requested_schema({"triemask_json_schema": json.dumps(SCHEMA)})
     assert request is not None and request == requested_schema({"triemask_json_schema": SCHEMA})  # one cache key
+    # key order is kept: xgrammar emits properties in it (a request asking for "reasoning" before
+    # "answer" gets them in that order)
+    assert list(json.loads(request.text)["properties"]) == list(SCHEMA["properties"]) == ["name", "n"]
+    reordered = requested_schema({"triemask_json_schema": json.dumps(SCHEMA, sort_keys=True)})
+    assert reordered is not None and reordered != request
 
 
 def _check(extra: dict, tokens: list[int], eos: int, sets: CompiledSets) -> None:  # type: ignore[type-arg]
@@ -232,3 +237,26 @@ def test_v2_slots_follow_schema_requests(sets: CompiledSets) -> None:
                 req.all_token_ids.gpu[slot, len(outputs[slot])] = outputs[slot][-1]
     _check(requests[0].extra_args, outputs[0], eos, sets)
     _check(requests[1].extra_args, outputs[1], eos, sets)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("extra_columns", [0, 37])
+def test_schema_rows_are_masked_exactly_through_the_bitmask(sets: CompiledSets, dtype, extra_columns: int) -> None:  # type: ignore[no-untyped-def]
+    """mask_schema_rows writes -inf exactly outside each row's allowed tokens, in the rows it is
+    given only, whatever the logits' dtype (xgrammar's kernel, or booleans where it refuses one)
+    and width (columns past the vocabulary closed); an ended row allows EOS alone."""
+    from triemask.integrations.serving import mask_schema_rows
+
+    vocab = sets.compiler.vocab
+    eos = vocab.eos_token_ids[0]
+    live = SchemaMatcher(sets.get(requested_schema({"triemask_json_schema": SCHEMA})).schema)  # type: ignore[arg-type]
+    live.accept_tokens(list(b'{"name": "get'))
+    done = SchemaMatcher(live.schema)
+    done.accept_tokens([*b'{"name": "get", "n": 1}', eos])
+    width = vocab.vocab_size + extra_columns
+    logits = torch.zeros(4, width, dtype=dtype)
+    mask_schema_rows(logits, {1: live, 3: done})
+    finite = [set(torch.isfinite(logits[i]).nonzero().flatten().tolist()) for i in range(4)]
+    assert finite[0] == finite[2] == set(range(width))  # rows not given: untouched
+    assert finite[1] == set(live.allowed_token_ids().tolist()) and max(finite[1]) < vocab.vocab_size
+    assert finite[3] == {eos}

@@ -167,7 +167,7 @@ class CompileCache:
 
         try:
             given = json.loads(schema) if isinstance(schema, str) else schema
-            text = json.dumps(given, sort_keys=True)
+            text = json.dumps(given)  # key order kept: the properties are emitted in it
             settings = json.dumps(options, sort_keys=True)
         except (TypeError, ValueError):  # a pydantic class, or text that is not JSON: compiled (and checked) as is
             return compiled()

@@ -3,7 +3,7 @@ compiled schema, its decoding engine and matcher. Imports every layer below."""
 
 from .compiled import CompiledSchema, schema_from_bytes
 from .fields import SchemaOptions, stored_field_automaton
-from .matcher import SchemaMatcher, allowed_token_rows, fill_next_token_bitmasks
+from .matcher import SchemaMatcher, allowed_token_bitmask, allowed_token_rows, fill_next_token_bitmasks
 from .reading import TOO_DEEP, dispatch, load_schema, structure_cost
 from .structure import DEFAULT_MIN_ENUM_VALUES
 from .support import clear_structure_cache, prepare_schemas
@@ -17,6 +17,7 @@ __all__ = [
     "CompiledTools",
     "SchemaMatcher",
     "SchemaOptions",
+    "allowed_token_bitmask",
     "allowed_token_rows",
     "clear_structure_cache",
     "dispatch",

@@ -258,7 +258,7 @@ class CompiledSchema(SchemaEngine):
 
     def _file_parts(self) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
         arrays: dict[str, npt.NDArray[Any]] = {
-            "described": text_array(json.dumps(self._described(), sort_keys=True)),
+            "described": text_array(json.dumps(self._described())),  # key order is language
             "ebnf": text_array(self._ebnf),
             "grammar": text_array(self._grammar.serialize_json()),
         }

@@ -336,7 +336,8 @@ def restore_field(stored: storage.Stored, support: VocabularySupport, k: int, en
 
 def schema_fingerprint(kind: str, described: Any, file_options: dict[str, Any]) -> str:
     digest = hashlib.blake2b(kind.encode(), digest_size=16)
-    digest.update(json.dumps([described, file_options], sort_keys=True).encode())
+    # the schema in its own key order (xgrammar emits properties in it), the options sorted
+    digest.update(json.dumps([described, json.dumps(file_options, sort_keys=True)]).encode())
     return digest.hexdigest()
 
 

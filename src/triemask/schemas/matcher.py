@@ -281,14 +281,15 @@ def fill_next_token_bitmasks(
         matcher._fill(array[target])
 
 
-def allowed_token_rows(
+def allowed_token_bitmask(
     matchers: Sequence[SchemaMatcher | None],
     eos_token_ids: Iterable[int],
     width: int,
     on_error: Callable[[int, Exception], None] | None = None,
-) -> npt.NDArray[np.bool_]:
-    """The allowed tokens of a batch of rows as booleans, ``(len(matchers), width)``, for
-    masking logits at once (``width`` may exceed the vocabulary: the extra columns are closed).
+) -> npt.NDArray[np.int32]:
+    """The allowed tokens of a batch of rows as an int32 bitmask, ``(len(matchers),
+    ceil(width / 32))``, for masking logits at once (``width`` may exceed the vocabulary:
+    the extra columns are closed).
 
     A row that is None (a request gone wrong), terminated, or whose fill raises allows
     only EOS, so no row is ever all closed; ``on_error(row, error)`` is told of a fill that
@@ -297,20 +298,39 @@ def allowed_token_rows(
     eos = np.asarray(list(eos_token_ids), dtype=np.int64)
     live = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
     vocab_size = matchers[live[0]].schema.vocab_size if live else width  # type: ignore[union-attr]
-    bitmask = np.zeros((len(matchers), bitmask_width(vocab_size)), dtype=np.int32)
+    words = bitmask_width(vocab_size)
+    bitmask = np.zeros((len(matchers), max(words, bitmask_width(width))), dtype=np.int32)
     filled = []
     for i in live:
         try:
-            matchers[i]._fill(bitmask[i])  # type: ignore[union-attr]
+            matchers[i]._fill(bitmask[i, :words])  # type: ignore[union-attr]
             filled.append(i)
         except Exception as error:  # noqa: PERF203 - any failure closes that row alone
             if on_error is None:
                 raise
             on_error(i, error)
             bitmask[i] = 0
-    allowed = np.zeros((len(matchers), width), dtype=bool)
-    columns = min(vocab_size, width)
-    allowed[:, :columns] = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[:, :columns]
+    if vocab_size > width:  # columns past the logits' width: closed
+        bitmask[:, width >> 5] &= (1 << (width & 31)) - 1 if width & 31 else 0
+        bitmask[:, (width + 31) >> 5 :] = 0
     ended = np.setdiff1d(np.arange(len(matchers)), np.asarray(filled, dtype=np.int64))
-    allowed[np.repeat(ended, len(eos)), np.tile(eos, len(ended))] = True
-    return allowed
+    eos = eos[eos < width]
+    for row in ended.tolist():
+        np.bitwise_or.at(
+            bitmask[row].view(np.uint32), eos >> 5, np.left_shift(np.uint32(1), (eos & 31).astype(np.uint32))
+        )
+    return bitmask
+
+
+def allowed_token_rows(
+    matchers: Sequence[SchemaMatcher | None],
+    eos_token_ids: Iterable[int],
+    width: int,
+    on_error: Callable[[int, Exception], None] | None = None,
+) -> npt.NDArray[np.bool_]:
+    """:func:`allowed_token_bitmask` as booleans, ``(len(matchers), width)``."""
+    bitmask = allowed_token_bitmask(matchers, eos_token_ids, width, on_error)
+    unpacked: npt.NDArray[np.bool_] = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[
+        :, :width
+    ].astype(bool)
+    return unpacked

