@@ -755,3 +755,17 @@ def test_schemas_of_one_skeleton_share_their_structure(
     loaded = CompiledSchema.load(tmp_path / "second.triemask", vocab=byte_vocab)
     assert not loaded.stats()["structure"]["shared"]
     assert compare_walks(loaded, reference, byte_vocab, walks=4, steps=40, seed=4) > 12
+
+
+def test_a_schema_text_never_poses_as_another_skeleton(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+    """Two structures whose texts differ only where one holds a placeholder and the other a
+    string that looks like one are two skeletons: each keeps its own language."""
+    for stand_in in ("triemask-skeleton-0", "triemask-0"):
+        enum_first = {"type": "object", "properties": {"x": {"enum": NAMES[:4]}, "y": {"const": stand_in}}}
+        const_first = {"type": "object", "properties": {"x": {"const": stand_in}, "y": {"enum": NAMES[:4]}}}
+        byte_compiler.compile_json_schema(enum_first, min_enum_values=2, any_whitespace=False)
+        compiled = byte_compiler.compile_json_schema(const_first, min_enum_values=2, any_whitespace=False)
+        assert not compiled.stats()["structure"]["shared"]
+        matcher = Matcher(compiled)
+        text = json.dumps({"x": stand_in, "y": NAMES[0]}).encode()
+        assert matcher.accept_tokens(list(text)) == len(text) and matcher.value == {"x": stand_in, "y": NAMES[0]}

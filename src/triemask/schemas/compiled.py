@@ -116,15 +116,12 @@ class CompiledSchema(SchemaEngine):
         width = max(1, (len(sites).bit_length() + 3) // 4)
         # Schemas that differ only in their enum values (labels per tenant, a changed tool
         # registry) share their structure: its grammar is compiled once per skeleton (the
-        # structural schema with the placeholders' nonce taken out, the options, which site
-        # is which field).
+        # structural schema cut at its placeholders' random nonce, the options, which site is
+        # which field). Cut, not replaced: a schema's own text may hold any string, a fixed
+        # stand-in for the nonce included, and must never make two structures one key.
         nonce = sites[0].placeholder.rsplit("-", 1)[0] if sites else ""
         text = json.dumps(structural)
-        skeleton = (
-            text.replace(nonce, "triemask-skeleton") if nonce else text,
-            repr(options.structure()),
-            tuple(numbers),
-        )
+        skeleton = (tuple(text.split(nonce)) if nonce else (text,), repr(options.structure()), tuple(numbers))
         cached = support.skeleton(skeleton)
         self._structure_shared = cached is not None
         if cached is None:
