@@ -3,7 +3,7 @@ byte tries and byte DAGs, value encoding and fingerprints, the byte-bounded LRU.
 of triemask."""
 
 from . import kernels, storage
-from .bitmask import INT32, allocate_token_bitmask, as_bitmask_array, bitmask_width
+from .bitmask import INT32, allocate_token_bitmask, as_bitmask_array, bitmask_width, unpack_bitmask
 from .dag import ByteDag, dag_arrays, dag_of_trie, mix64
 from .errors import (
     ArgumentTypeError,
@@ -64,5 +64,6 @@ __all__ = [
     "register_kind",
     "set_fingerprint",
     "storage",
+    "unpack_bitmask",
     "values_fingerprint",
 ]

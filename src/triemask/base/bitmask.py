@@ -77,3 +77,11 @@ def as_bitmask_array(bitmask: Any, vocab_size: int) -> npt.NDArray[np.int32]:
     if not array.flags.writeable:
         raise BitmaskError("the bitmask is read-only; pass a writable buffer")
     return array
+
+
+def unpack_bitmask(bitmask: npt.NDArray[np.int32], width: int) -> npt.NDArray[np.bool_]:
+    """The rows of an int32 bitmask as booleans, ``(rows, width)``: column ``i`` is bit
+    ``i % 32`` of word ``i // 32`` (``width`` at most 32 times the words)."""
+    bits = np.unpackbits(np.ascontiguousarray(bitmask).view(np.uint8), axis=1, bitorder="little")
+    unpacked: npt.NDArray[np.bool_] = bits[:, :width].astype(bool)
+    return unpacked

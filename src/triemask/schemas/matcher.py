@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..base import ArgumentTypeError, StateError, as_bitmask_array, bitmask_width, integer
+from ..base import ArgumentTypeError, StateError, as_bitmask_array, bitmask_width, integer, unpack_bitmask
 from .compiled import CompiledSchema
 from .json_lexer import LEX_OUT, LEX_REFUSED
 from .structure import STRUCT, Configuration
@@ -212,8 +212,7 @@ class SchemaMatcher:
         """Ids allowed next, ascending."""
         row = np.zeros((1, self._schema._support.width), dtype=np.int32)
         self.fill_next_token_bitmask(row)
-        bits = np.unpackbits(row.view(np.uint8), bitorder="little")[: self._schema.vocab_size]
-        return np.flatnonzero(bits).astype(np.int32)
+        return np.flatnonzero(unpack_bitmask(row, self._schema.vocab_size)[0]).astype(np.int32)
 
     def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
         """Overwrite row ``row`` of ``bitmask`` (int32, ``(batch, ceil(vocab_size / 32))``,
@@ -329,8 +328,4 @@ def allowed_token_rows(
     on_error: Callable[[int, Exception], None] | None = None,
 ) -> npt.NDArray[np.bool_]:
     """:func:`allowed_token_bitmask` as booleans, ``(len(matchers), width)``."""
-    bitmask = allowed_token_bitmask(matchers, eos_token_ids, width, on_error)
-    unpacked: npt.NDArray[np.bool_] = np.unpackbits(bitmask.view(np.uint8), axis=1, bitorder="little")[
-        :, :width
-    ].astype(bool)
-    return unpacked
+    return unpack_bitmask(allowed_token_bitmask(matchers, eos_token_ids, width, on_error), width)

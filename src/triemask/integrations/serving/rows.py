@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ...base import unpack_bitmask
 from ...schemas import SchemaMatcher, allowed_token_bitmask
 from .compiled_sets import CompiledSet, CompiledSets
 from .requests import PatternRequest, SchemaRequest, requested_pattern, requested_schema, requested_values
@@ -153,7 +154,7 @@ def mask_schema_rows(logits: Any, matchers: Mapping[int, SchemaMatcher]) -> Any:
         )
     except (ValueError, RuntimeError, TypeError) as error:  # a dtype or device its kernels do not take
         logger.debug("triemask: xgrammar's bitmask kernel refused the logits (%s); masking by booleans", error)
-        keep = np.unpackbits(compact.view(np.uint8), axis=1, bitorder="little")[:, :width].astype(bool)
+        keep = unpack_bitmask(compact, width)
         where = torch.tensor(indices, dtype=torch.int64, device=logits.device)
         logits[where] = logits[where].masked_fill(~torch.from_numpy(keep).to(logits.device), float("-inf"))
     return logits
