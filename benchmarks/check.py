@@ -1,12 +1,14 @@
 """The regression gate: a fresh quick run's same-run ratios against the committed ones.
 
     python -m benchmarks.check [--baseline benchmarks/results/quick.json] [--factor 2] [--results FILE]
+        [--schemas-baseline benchmarks/results/schemas-peers.json] [--schemas-results FILE]
 
-Runs ``python -m benchmarks --quick`` (or reads ``--results``), takes every ratio of the
-issue targets (triemask against xgrammar and llguidance: compile, per step, batch fill)
-from both runs, and fails when a fresh ratio is below the committed one divided by
-``--factor``. Ratios are measured in one process on one vocabulary, so machine speed
-cancels out; what remains is run-to-run noise, which on the 2-core VM these results come
+Runs ``python -m benchmarks --quick`` and ``python -m benchmarks schemas --peers`` (or reads
+``--results`` and ``--schemas-results``), takes every ratio of the issue targets (triemask
+against xgrammar and llguidance: compile, per step, batch fill; and for ordinary JSON schemas
+against xgrammar: compile, per step, batch of 64) from both runs, and fails when a fresh ratio
+is below the committed one divided by ``--factor``. Ratios are measured in one process on one
+vocabulary, so machine speed cancels out; what remains is run-to-run noise, which on the 2-core VM these results come
 from moves a same-code ratio by up to 1.4x (per step at K = 10,000: 163x vs 193x; batch
 fill: 200x vs 281x). A factor of 2 leaves that margin and still catches the loss of the
 C kernel (per step vs xgrammar 3.6x -> 1.1x, batch fill 4.5x -> 1.9x at K = 1,000).
@@ -22,26 +24,36 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import report
+from . import report, schemas
 
 
 def ratios(results: dict[str, Any]) -> dict[str, float]:
     return {name: ratio for name, _, ratio, _, _ in report.targets(results) if ratio is not None}
 
 
+def fresh_run(arguments: list[str], name: str, given: Path | None) -> dict[str, Any]:
+    """The results of ``python -m benchmarks <arguments>`` (its ``name``), or of ``given``."""
+    if given is not None:
+        loaded: dict[str, Any] = json.loads(given.read_text())
+        return loaded
+    with tempfile.TemporaryDirectory() as folder:
+        subprocess.run([sys.executable, "-m", "benchmarks", *arguments, "--out", folder], check=True)
+        found: dict[str, Any] = json.loads((Path(folder) / name).read_text())
+        return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.check", description=__doc__.splitlines()[0])
     parser.add_argument("--baseline", type=Path, default=Path("benchmarks/results/quick.json"))
     parser.add_argument("--results", type=Path, help="a quick run's JSON (default: run one now)")
+    parser.add_argument("--schemas-baseline", type=Path, default=Path("benchmarks/results/schemas-peers.json"))
+    parser.add_argument("--schemas-results", type=Path, help="a schemas --peers run's JSON (default: run one now)")
     parser.add_argument("--factor", type=float, default=2.0)
     options = parser.parse_args(argv)
     baseline = ratios(json.loads(options.baseline.read_text()))
-    if options.results is None:
-        with tempfile.TemporaryDirectory() as folder:
-            subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--out", folder], check=True)
-            fresh = ratios(json.loads((Path(folder) / "quick.json").read_text()))
-    else:
-        fresh = ratios(json.loads(options.results.read_text()))
+    baseline |= schemas.peer_ratios(json.loads(options.schemas_baseline.read_text()))
+    fresh = ratios(fresh_run(["--quick"], "quick.json", options.results))
+    fresh |= schemas.peer_ratios(fresh_run(["schemas", "--peers"], "schemas-peers.json", options.schemas_results))
     failed = []
     print(f"{'ratio (peer / triemask, same run)':50s} {'committed':>10s} {'now':>10s}  floor (/{options.factor:g})")
     for name, committed in baseline.items():

@@ -288,14 +288,20 @@ def bare_set_per_step(compiler: Compiler, texts: list[bytes], loaded: vocabs.Loa
 
 
 def batch_fill(
-    compiled: Any, xgr_compiled: Any, peers: Peers, vocab: Vocabulary, walks: list[list[int]], repeats: int
+    compiled: Any,
+    xgr_compiled: Any,
+    peers: Peers,
+    vocab: Vocabulary,
+    walks: list[list[int]],
+    repeats: int,
+    size: int = 128,
 ) -> dict[str, float]:
-    """Fill B = 128 rows, the matchers at states along the walks."""
+    """Fill ``size`` rows in one call, the matchers at states along the walks."""
     rng = random.Random(5)
     width = (vocab.vocab_size + 31) // 32
-    bitmask = np.zeros((128, width), dtype=np.int32)
+    bitmask = np.zeros((size, width), dtype=np.int32)
     ours, theirs = [], []
-    for i in range(128):
+    for i in range(size):
         tokens = walks[i % len(walks)]
         cut = rng.randrange(len(tokens))
         matcher = Matcher(compiled)
@@ -494,6 +500,199 @@ def run(options: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+# --- the peer table: ordinary schemas, where xgrammar alone is the yardstick ----------------------
+
+# One function's arguments, written as real APIs write them: small enums (no trie field), a
+# nested object, an array, numbers and a boolean.
+FUNCTION_ARGUMENTS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "location": {"type": "string", "description": "City and country, e.g. Paris, France"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit", "kelvin"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+        "include": {"type": "array", "items": {"type": "string", "enum": ["hourly", "daily", "alerts", "air"]}},
+        "detail": {"type": "string", "enum": ["summary", "full"]},
+        "coordinates": {
+            "type": "object",
+            "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+            "required": ["lat", "lon"],
+        },
+        "metric": {"type": "boolean"},
+    },
+    "required": ["location", "unit", "days"],
+}
+
+
+def function_arguments_instances(n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [
+        {
+            "location": rng.choice(["Paris, France", "Lima, Peru", "Oslo, Norway"]),
+            "unit": rng.choice(["celsius", "fahrenheit", "kelvin"]),
+            "days": rng.randrange(1, 15),
+            "include": rng.sample(["hourly", "daily", "alerts", "air"], 2),
+            "detail": "full",
+            "coordinates": {"lat": 48.85, "lon": 2.35},
+            "metric": True,
+        }
+        for _ in range(n)
+    ]
+
+
+def labels_schema(labels: list[str]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"label": {"enum": labels}, "reason": {"type": "string"}, "score": {"type": "integer"}},
+        "required": ["label", "reason", "score"],
+    }
+
+
+def labels_instances(labels: list[str], n: int, seed: int) -> list[dict[str, Any]]:
+    rng = random.Random(seed)
+    return [{"label": rng.choice(labels), "reason": "it says so in the text", "score": 7} for _ in range(n)]
+
+
+def vllm_required_schema(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """What vLLM 0.32 builds for ``tool_choice="required"`` (``vllm/tool_parsers/utils.py``,
+    ``_get_json_schema_from_tools``): an array of one or more calls, each an ``anyOf`` of one
+    branch per tool whose name is a one-value enum."""
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "anyOf": [
+                {
+                    "properties": {
+                        "name": {"type": "string", "enum": [s["function"]["name"]]},
+                        "parameters": s["function"]["parameters"],
+                    },
+                    "required": ["name", "parameters"],
+                }
+                for s in specs
+            ],
+        },
+    }
+
+
+def vllm_required_instances(specs: list[dict[str, Any]], n: int, seed: int) -> list[Any]:
+    return [[{"name": c["name"], "parameters": c["arguments"]}] for c in tool_instances(specs, n, seed)]
+
+
+def peer_row(
+    name: str, schema: dict[str, Any], made: list[Any], loaded: vocabs.LoadedVocabulary, peers: Peers, options: Any
+) -> dict[str, Any]:
+    """One row of the peer table: compile (a new structure; a known one), per step and the
+    batch of 64, triemask's ``compile_json_schema`` against xgrammar's on the same schema."""
+    compiler = Compiler(loaded.vocab)
+    log(f"{name}: compiling")
+    compiled = compiler.compile_json_schema(schema, **OPTIONS)
+    row: dict[str, Any] = {"name": name, "trie_fields": len(compiled.stats()["trie_fields"])}
+    row["triemask_compile_s"] = median_time(
+        lambda: (clear_structure_cache(), compiler.compile_json_schema(schema, **OPTIONS)), options.repeats
+    )
+    row["triemask_known_structure_compile_s"] = median_time(
+        lambda: compiler.compile_json_schema(schema, **OPTIONS), options.repeats
+    )
+    xgr_compiled = peers.xgrammar(schema)
+    row["xgrammar_compile_s"] = median_time(lambda: peers.xgrammar(schema), options.repeats, budget=10)
+    walks = walk_tokens(loaded, [json.loads(json.dumps(m)) for m in made])
+    log(f"{name}: per step")
+    row["per_step"] = per_step(compiled, xgr_compiled, None, peers, loaded.vocab, walks, options.step_repeats)
+    row["batch_64"] = batch_fill(compiled, xgr_compiled, peers, loaded.vocab, walks, options.repeats, size=64)
+    log(f"{name}: {summary_line({**row, 'llguidance_compile_s': '-'})}")
+    return row
+
+
+def peer_table(options: argparse.Namespace) -> dict[str, Any]:
+    """The rows of issue 26's table: ordinary schemas, per step and batch against xgrammar."""
+    loaded = vocabs.load(VOCAB)
+    peers = Peers(loaded.vocab)
+    Compiler(loaded.vocab).compile_json_schema(labels_schema(synthetic_products(300)), **OPTIONS)  # preparation
+    specs = tool_specs(load_tool_registry())
+    rows = []
+    for n in (50, 500):
+        chosen = specs[:n]
+        rows.append(
+            peer_row(
+                f"vLLM tool_choice=required, {n} tools",
+                vllm_required_schema(chosen),
+                vllm_required_instances(chosen, options.instances, seed=2),
+                loaded,
+                peers,
+                options,
+            )
+        )
+    rows.append(
+        peer_row(
+            "one function's arguments (small enums)",
+            FUNCTION_ARGUMENTS,
+            function_arguments_instances(options.instances, seed=2),
+            loaded,
+            peers,
+            options,
+        )
+    )
+    for k in (300, 3_000):
+        labels = synthetic_products(k)
+        rows.append(
+            peer_row(
+                f"label of {k:,} + reason + score",
+                labels_schema(labels),
+                labels_instances(labels, options.instances, seed=2),
+                loaded,
+                peers,
+                options,
+            )
+        )
+    return {"vocabulary": VOCAB, "options": OPTIONS, "rows": rows}
+
+
+def peer_ratios(results: dict[str, Any]) -> dict[str, float]:
+    """xgrammar's time / triemask's per row and measure (above 1: triemask faster): compile of
+    a new structure, per step (the worse of inside and outside an enum), the batch of 64.
+    ``python -m benchmarks.check`` guards them."""
+    found: dict[str, float] = {}
+    for r in results["rows"]:
+        steps = [by for by in r["per_step"].values() if by]
+        found[f"{r['name']}: compile"] = r["xgrammar_compile_s"] / r["triemask_compile_s"]
+        found[f"{r['name']}: per step"] = min(by["xgrammar"]["median_us"] / by["triemask"]["median_us"] for by in steps)
+        found[f"{r['name']}: batch 64"] = r["batch_64"]["xgrammar_us"] / r["batch_64"]["triemask_us"]
+    return found
+
+
+def peer_markdown(results: dict[str, Any]) -> str:
+    lines = [
+        "# Ordinary schemas: triemask's compile_json_schema against xgrammar's, same process",
+        "",
+        f"Vocabulary {results['vocabulary']}, compact JSON. Compile: a new structure (triemask's "
+        "structure cache cleared, xgrammar's cache off), in brackets a schema whose structure was "
+        "compiled before. Per step: fill one row + accept, median over the walks' steps. Ratios: "
+        "xgrammar's time / triemask's (above 1: triemask faster; per step: the worse of inside and "
+        "outside an enum).",
+        "",
+        "| schema | trie fields | compile triemask (known) / xgrammar | ratio "
+        "| per step (us) triemask / xgrammar | ratio | batch 64 (us) triemask / xgrammar | ratio |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    ratios = peer_ratios(results)
+    for r in results["rows"]:
+        name = r["name"]
+        step = " ".join(
+            f"{where}: {by['triemask']['median_us']:.1f} / {by['xgrammar']['median_us']:.1f}"
+            for where, by in r["per_step"].items()
+            if by
+        )
+        batch = r["batch_64"]
+        lines.append(
+            f"| {name} | {r['trie_fields']} | {r['triemask_compile_s'] * 1e3:.1f} "
+            f"({r['triemask_known_structure_compile_s'] * 1e3:.1f}) / {r['xgrammar_compile_s'] * 1e3:.1f} ms "
+            f"| {ratios[f'{name}: compile']:.2f}x | {step} | {ratios[f'{name}: per step']:.2f}x "
+            f"| {batch['triemask_us']:.0f} / {batch['xgrammar_us']:.0f} | {ratios[f'{name}: batch 64']:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def threshold_sweep(options: argparse.Namespace) -> dict[str, Any]:
     """The default ``min_enum_values``: one enum field of K tool names next to an integer,
     compiled with the enum in a trie and left to xgrammar, compile time and per step."""
@@ -604,7 +803,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for one xgrammar compile in a child")
     parser.add_argument("--xgrammar-compile", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--threshold", action="store_true", help="only the sweep behind DEFAULT_MIN_ENUM_VALUES")
+    parser.add_argument("--peers", action="store_true", help="only the ordinary schemas against xgrammar")
     options = parser.parse_args(argv)
+    if options.peers:
+        options.out.mkdir(parents=True, exist_ok=True)
+        table = peer_table(options)
+        (options.out / "schemas-peers.json").write_text(json.dumps(table, indent=1) + "\n")
+        (options.out / "schemas-peers.md").write_text(peer_markdown(table))
+        print(peer_markdown(table))
+        return
     if options.threshold:
         options.out.mkdir(parents=True, exist_ok=True)
         sweep = threshold_sweep(options)

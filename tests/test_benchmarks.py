@@ -160,5 +160,30 @@ def test_bench_check_flags_a_fallen_ratio(tmp_path) -> None:  # type: ignore[no-
     slower["decode"]["1000"]["engines"]["triemask"]["per_step_s"] = 3e-6  # 4x -> 1.33x: below 4 / 2
     fresh = tmp_path / "fresh.json"
     fresh.write_text(json.dumps(slower))
-    assert check.main(["--baseline", str(baseline), "--results", str(baseline)]) == 0
-    assert check.main(["--baseline", str(baseline), "--results", str(fresh)]) == 1
+    step = {"triemask": {"median_us": 5.0}, "xgrammar": {"median_us": 5.0}}
+    table = {
+        "rows": [
+            {
+                "name": "labels",
+                "triemask_compile_s": 0.01,
+                "xgrammar_compile_s": 0.1,
+                "per_step": {"inside": step, "outside": {**step, "triemask": {"median_us": 4.0}}},
+                "batch_64": {"triemask_us": 100.0, "xgrammar_us": 100.0},
+            }
+        ]
+    }
+    schemas_run = tmp_path / "schemas.json"
+    schemas_run.write_text(json.dumps(table))
+    assert check.schemas.peer_ratios(table) == {
+        "labels: compile": pytest.approx(10.0),
+        "labels: per step": 1.0,  # the worse of inside and outside
+        "labels: batch 64": 1.0,
+    }
+    both = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(schemas_run)]
+    assert check.main(["--baseline", str(baseline), "--results", str(baseline), *both]) == 0
+    assert check.main(["--baseline", str(baseline), "--results", str(fresh), *both]) == 1
+    table["rows"][0]["batch_64"]["triemask_us"] = 300.0  # 1x -> 0.33x: below 1 / 2
+    slower_schemas = tmp_path / "slower-schemas.json"
+    slower_schemas.write_text(json.dumps(table))
+    with_slower = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(slower_schemas)]
+    assert check.main(["--baseline", str(baseline), "--results", str(baseline), *with_slower]) == 1

@@ -37,6 +37,7 @@
  *   compile.c       the token index's tables and matching a value trie against the vocabulary
  *   tries.c         sorting values and building byte tries; the token index's hash
  *   python_types.c  MatcherCore and AutomatonCore, the C base classes of Matcher and automata
+ *   schema_step.c   SchemaCore and StepTables: a mixed schema's structural step (xgrammar's handle)
  *   lazy_kernels.c  the lazy layout's Kernel: edges, spelling values, cache controls
  *   checks.c        the file format's checksum and the check that stored edges spell the values
  */
@@ -46,6 +47,7 @@
 #include "csrc/compile.c"
 #include "csrc/tries.c"
 #include "csrc/python_types.c"
+#include "csrc/schema_step.c"
 #include "csrc/lazy_kernels.c"
 #include "csrc/checks.c"
 
@@ -58,6 +60,8 @@ static PyMethodDef module_methods[] = {
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},
+    {"fill_schema_rows", (PyCFunction)(void (*)(void))fill_schema_rows, METH_FASTCALL,
+     "fill_schema_rows(matchers, bitmask, rows, batcher): schema rows, the structural ones in one xgrammar call."},
     {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask.base.storage.checksum)."},
     {"spelled_edges", spelled_edges, METH_VARARGS,
      "The first edge whose token does not spell its path, or -1 (see _automaton.first_misspelled_edge)."},
@@ -104,7 +108,8 @@ static struct PyModuleDef native_module = {
 
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&TablesType) < 0 || PyType_Ready(&MatcherCoreType) < 0 ||
-        PyType_Ready(&AutomatonCoreType) < 0) {
+        PyType_Ready(&AutomatonCoreType) < 0 || PyType_Ready(&SchemaCoreType) < 0 ||
+        PyType_Ready(&StepTablesType) < 0) {
         return NULL;
     }
     str_next_reference = PyUnicode_InternFromString("_next_state_reference");
@@ -117,6 +122,16 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_accept_reference = PyUnicode_InternFromString("_accept_token_reference");
     str_fill_reference = PyUnicode_InternFromString("_fill_reference");
     if (str_append == NULL || str_accept_reference == NULL || str_fill_reference == NULL) {
+        return NULL;
+    }
+    str_handle = PyUnicode_InternFromString("_handle");
+    str_step_tables = PyUnicode_InternFromString("_step_tables");
+    str_accept_token = PyUnicode_InternFromString("accept_token");
+    str_fill_next_token_bitmask = PyUnicode_InternFromString("fill_next_token_bitmask");
+    str_batch_fill = PyUnicode_InternFromString("batch_fill_next_token_bitmask");
+    small_zero = PyLong_FromLong(0);
+    if (str_handle == NULL || str_step_tables == NULL || str_accept_token == NULL ||
+        str_fill_next_token_bitmask == NULL || str_batch_fill == NULL || small_zero == NULL) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&native_module);
@@ -140,6 +155,16 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(&AutomatonCoreType);
         Py_DECREF(module);
         return NULL;
+    }
+    PyTypeObject *schema_types[] = {&SchemaCoreType, &StepTablesType};
+    const char *schema_names[] = {"SchemaCore", "StepTables"};
+    for (int i = 0; i < 2; i++) {
+        Py_INCREF(schema_types[i]);
+        if (PyModule_AddObject(module, schema_names[i], (PyObject *)schema_types[i]) < 0) {
+            Py_DECREF(schema_types[i]);
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     Py_INCREF(&TablesType);
     if (PyModule_AddObject(module, "Tables", (PyObject *)&TablesType) < 0) {

@@ -77,7 +77,7 @@ from .fields import (
     schema_fingerprint,
     text_array,
 )
-from .reading import dispatch, load_schema
+from .reading import dispatch, load_schema, load_schema_text
 from .structure import field_sentinel, structure_grammar
 from .support import Skeleton, require_xgrammar, vocabulary_support
 
@@ -102,7 +102,7 @@ class CompiledSchema(SchemaEngine):
 
         started = time.perf_counter()
         self._options = options
-        self._schema = load_schema(schema)
+        self._schema, given_text = load_schema_text(schema)
         structural, sites = dispatch(self._schema, options.min_enum_values)
         self._vocab = compiler.vocab
         support = vocabulary_support(self._vocab)
@@ -120,10 +120,17 @@ class CompiledSchema(SchemaEngine):
         # which field). Cut, not replaced: a schema's own text may hold any string, a fixed
         # stand-in for the nonce included, and must never make two structures one key.
         nonce = sites[0].placeholder.rsplit("-", 1)[0] if sites else ""
-        text = json.dumps(structural)
+        text = given_text if structural is self._schema else json.dumps(structural)
         skeleton = (tuple(text.split(nonce)) if nonce else (text,), repr(options.structure()), tuple(numbers))
         cached = support.skeleton(skeleton)
         self._structure_shared = cached is not None
+        if cached is None and not sites:
+            # no trie field: the structure is all, compiled exactly as xgrammar compiles it
+            try:
+                grammar = support.grammar_compiler.compile_json_schema(text, **options.structure())
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
+            cached = support.keep_skeleton(skeleton, Skeleton("", (), grammar))
         if cached is None:
             try:
                 ebnf = str(xgrammar.Grammar.from_json_schema(text, **options.structure()))
@@ -143,7 +150,7 @@ class CompiledSchema(SchemaEngine):
         if cached is None:
             grammar = support.grammar_compiler.compile_grammar(structure_grammar(ebnf, field_sentinels(fields)))
             cached = support.keep_skeleton(skeleton, Skeleton(ebnf, tuple(placeholders), grammar))
-        self._ebnf = ebnf
+        self._ebnf = ebnf  # "" without trie fields: the compiled grammar's own text, when saved
         self._finish(fields, cached.grammar)
         self._compile_seconds = time.perf_counter() - started
 
@@ -152,6 +159,7 @@ class CompiledSchema(SchemaEngine):
         self._fields = tuple(fields)
         self._grammar = grammar
         self._crossing: frozenset[int] = frozenset().union(*(f.crossing for f in fields))
+        self._step_tables = self._support.step_tables(self._crossing)
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
             for prefix in {*f.enter_masks, *f.middle_by_prefix}:
@@ -256,7 +264,7 @@ class CompiledSchema(SchemaEngine):
     def _file_parts(self) -> tuple[dict[str, Any], dict[str, npt.NDArray[Any]]]:
         arrays: dict[str, npt.NDArray[Any]] = {
             "described": text_array(json.dumps(self._described())),  # key order is language
-            "ebnf": text_array(self._ebnf),
+            "ebnf": text_array(self._ebnf or str(self._grammar.grammar)),
             "grammar": text_array(self._grammar.serialize_json()),
         }
         fields = []

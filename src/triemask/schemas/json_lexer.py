@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from .structure import SENTINEL_LEAD
+
 # --------------------------------------------------------------------------- strict JSON
 
 # The JSON lexer of an output, a byte automaton: outside strings, inside one (between
@@ -52,13 +54,15 @@ _LEXER = _lexer_table()
 _PLAIN_TEXT = re.compile(rb"[\x20-\x21\x23-\x5b\x5d-\x7e]*\Z")  # printable ASCII but quote and backslash
 
 
-def _lex(data: bytes, state: int) -> int:
-    """The lexer state after ``data`` from ``state`` (or ``LEX_REFUSED``)."""
+def _lex(data: bytes, state: int) -> tuple[int, bool]:
+    """The lexer state after ``data`` from ``state`` (or ``LEX_REFUSED``), and whether a
+    refusal came at a byte outside strings other than 0xFF (a byte no JSON structure has)."""
     for c in data:
-        state = _LEXER[state][c]
-        if state == LEX_REFUSED:
-            break
-    return state
+        following = _LEXER[state][c]
+        if following == LEX_REFUSED:
+            return LEX_REFUSED, state == LEX_OUT and c != SENTINEL_LEAD
+        state = following
+    return state, False
 
 
 @dataclass(frozen=True)
@@ -71,11 +75,17 @@ class Lexical:
     after: tuple[bytes, ...]  # by start state, by token id: the state after it, or LEX_REFUSED
     keep: npt.NDArray[np.int32]  # (start states, width): the bitmask of the tokens not refused
     never: npt.NDArray[np.bool_]  # by token id: refused from every state (no piece of it is needed)
+    # keep, less the refusals at a byte outside strings that is not 0xFF: xgrammar's JSON
+    # structure holds none of those bytes (JSON's punctuation, literals, numbers and
+    # whitespace are ASCII), so the C step ANDs this sparser row (tests/test_schema_native.py
+    # checks, against the reference's keep, that nothing else differs).
+    string_keep: npt.NDArray[np.int32]
 
     @classmethod
     def of(cls, tokens: Sequence[bytes | None], width: int) -> Lexical:
         n = len(tokens)
         after = [bytearray([state]) * n for state in _LEXER_STATES]  # special tokens (EOS) move nothing
+        outside = np.zeros((len(_LEXER_STATES), n), dtype=bool)  # refused at a structural byte
         for t, data in enumerate(tokens):
             if not data:
                 continue
@@ -85,15 +95,25 @@ class Lexical:
                     after[state][t] = LEX_REFUSED
             else:
                 for state in _LEXER_STATES:
-                    after[state][t] = _lex(data, state)
+                    after[state][t], outside[state, t] = _lex(data, state)
         refused = np.stack([np.frombuffer(a, dtype=np.uint8) for a in after]) == LEX_REFUSED
-        keep = np.full((len(_LEXER_STATES), width), -1, dtype=np.int32)
-        for state in _LEXER_STATES:
-            ids = np.flatnonzero(refused[state])
-            np.bitwise_and.at(
-                keep[state].view(np.uint32), ids >> 5, ~np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
-            )
-        return cls(tuple(bytes(a) for a in after), keep, refused.all(axis=0))
+        return cls(
+            tuple(bytes(a) for a in after),
+            _keep_rows(refused, width),
+            refused.all(axis=0),
+            _keep_rows(refused & ~outside, width),
+        )
+
+
+def _keep_rows(refused: npt.NDArray[np.bool_], width: int) -> npt.NDArray[np.int32]:
+    """Per state, the bitmask of the tokens not ``refused``."""
+    keep = np.full((len(refused), width), -1, dtype=np.int32)
+    for state, row in enumerate(refused):
+        ids = np.flatnonzero(row)
+        np.bitwise_and.at(
+            keep[state].view(np.uint32), ids >> 5, ~np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
+        )
+    return keep
 
 
 # Free text of every kind xgrammar builds for JSON (strings plain, length-bounded, with a

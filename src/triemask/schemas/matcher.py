@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..base import ArgumentTypeError, StateError, as_bitmask_array, bitmask_width, integer, unpack_bitmask
+from ..base import ArgumentTypeError, StateError, as_bitmask_array, bitmask_width, integer, kernels, unpack_bitmask
 from .compiled import CompiledSchema
 from .json_lexer import LEX_OUT, LEX_REFUSED
 from .structure import STRUCT, Configuration
@@ -18,14 +19,52 @@ from .structure import STRUCT, Configuration
 # --------------------------------------------------------------------------- matcher
 
 
-class SchemaMatcher:
+class _SchemaMatcherCore:
+    """The schema matcher's per-request fields and per-step methods, in Python. With the C
+    extension, ``triemask.base._native.SchemaCore`` takes its place: the same fields, and the
+    structural step in C (one xgrammar call, the lexer's tables), deferring to the
+    ``_reference`` methods of :class:`SchemaMatcher` for every other step."""
+
+    __slots__ = ("_configs", "_filled", "_history", "_lexer", "_output", "_schema", "_scratch", "_scratch_width")
+    _schema: CompiledSchema
+    _configs: list[Configuration]
+    _history: deque[tuple[list[Configuration], int, int, Any]]
+    _output: bytearray
+    _lexer: int
+    _filled: list[Configuration] | None
+    _scratch: npt.NDArray[np.int32]
+    _scratch_width: int
+
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by one token; False (state unchanged) when it is not allowed."""
+        return self._accept_token_reference(token_id)
+
+    def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
+        """Overwrite row ``row`` of ``bitmask`` (int32, ``(batch, ceil(vocab_size / 32))``,
+        numpy or CPU torch) with the mask of the next token."""
+        self._fill_reference(bitmask, row)
+
+    def _accept_token_reference(self, token_id: int) -> bool:
+        raise NotImplementedError
+
+    def _fill_reference(self, bitmask: Any, row: int = 0) -> None:
+        raise NotImplementedError
+
+
+if TYPE_CHECKING or kernels.KERNELS is None:  # noqa: SIM108 (type checkers see the Python class)
+    _Core = _SchemaMatcherCore
+else:
+    _Core = kernels.KERNELS.SchemaCore
+
+
+class SchemaMatcher(_Core):
     """Follows one output through a :class:`CompiledSchema` (``triemask.Matcher(compiled)``).
 
     The same interface as :class:`~triemask.Matcher` for a set; :attr:`value` is
     the parsed JSON once the output is complete.
     """
 
-    __slots__ = ("_configs", "_filled", "_history", "_lexer", "_output", "_schema", "_scratch", "_scratch_width")
+    __slots__ = ()  # the fields are the core's: _schema, _configs, _history, _output, _lexer, ...
 
     def __init__(self, schema: CompiledSchema, *, max_rollback: int = 16) -> None:
         if not isinstance(schema, CompiledSchema):
@@ -36,7 +75,7 @@ class SchemaMatcher:
         self._schema = schema
         self._configs = schema._initial()
         # (configurations, output length, lexer state, the matcher advanced in place or None) per step
-        self._history: deque[tuple[list[Configuration], int, int, Any]] = deque(maxlen=max_rollback)
+        self._history = deque(maxlen=max_rollback)
         self._output = bytearray()
         self._lexer = LEX_OUT  # the JSON lexer state at the end of the output
         self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
@@ -81,8 +120,8 @@ class SchemaMatcher:
         except ValueError as error:  # never expected: the masks keep outputs strict JSON
             raise StateError(f"the completed output is not JSON ({error}): {bytes(self._output)[:80]!r}") from None
 
-    def accept_token(self, token_id: int) -> bool:
-        """Advance by one token; False (state unchanged) when it is not allowed."""
+    def _accept_token_reference(self, token_id: int) -> bool:
+        # accept_token (the C one defers here for every step but the structural one)
         if type(token_id) is not int:
             try:
                 token_id = integer(token_id, "token_id")
@@ -214,9 +253,8 @@ class SchemaMatcher:
         self.fill_next_token_bitmask(row)
         return np.flatnonzero(unpack_bitmask(row, self._schema.vocab_size)[0]).astype(np.int32)
 
-    def fill_next_token_bitmask(self, bitmask: Any, row: int = 0) -> None:
-        """Overwrite row ``row`` of ``bitmask`` (int32, ``(batch, ceil(vocab_size / 32))``,
-        numpy or CPU torch) with the mask of the next token."""
+    def _fill_reference(self, bitmask: Any, row: int = 0) -> None:
+        # fill_next_token_bitmask (the C one defers here for every fill but the structural one)
         if (  # the per-step path: as_bitmask_array's checks, inlined
             type(bitmask) is np.ndarray
             and bitmask.dtype == np.int32
@@ -259,25 +297,48 @@ def fill_next_token_bitmasks(
     """Fill one bitmask row per matcher in one call (row ``i`` by default for matcher ``i``).
 
     The serving-engine entry point: it checks the buffer once and skips the per-call
-    checks of :meth:`SchemaMatcher.fill_next_token_bitmask`.
+    checks of :meth:`SchemaMatcher.fill_next_token_bitmask`. With the C extension, the rows
+    in the JSON structure go to xgrammar's ``BatchGrammarMatcher`` in one call (its threads).
     """
     if not isinstance(matchers, Sequence) or not all(isinstance(m, SchemaMatcher) for m in matchers):
         raise ArgumentTypeError(f"matchers must be a sequence of SchemaMatcher objects, got {matchers!r:.60}")
     if not matchers:
         return
     array = as_bitmask_array(bitmask, matchers[0].schema.vocab_size)
-    if rows is not None and not isinstance(rows, Iterable | np.ndarray):
+    if rows is None:
+        targets = list(range(len(matchers)))
+    elif not isinstance(rows, Iterable | np.ndarray):
         raise ArgumentTypeError(f"rows must be a sequence of integers, got {type(rows).__name__}")
-    targets = list(range(len(matchers))) if rows is None else [integer(r, "rows") for r in rows]
+    else:
+        targets = [integer(r, "rows") for r in rows]
     if len(targets) != len(matchers):
         raise StateError(f"rows must be {len(matchers)} integers (one per matcher), got {len(targets)}")
-    for target in targets:
-        if not 0 <= target < array.shape[0]:
-            raise StateError(f"row {target} is outside the bitmask's {array.shape[0]} rows")
-    for matcher, target in zip(matchers, targets, strict=True):
-        if matcher.schema.vocab_size != matchers[0].schema.vocab_size:
-            raise StateError("all matchers of one batch must share a vocabulary size")
-        matcher._fill(array[target])
+    if targets and not 0 <= min(targets) <= max(targets) < array.shape[0]:
+        outside = next(t for t in targets if not 0 <= t < array.shape[0])
+        raise StateError(f"row {outside} is outside the bitmask's {array.shape[0]} rows")
+    first = matchers[0]._schema  # a batch holds a few schemas, most often one
+    if any(m._schema is not first and m._schema.vocab_size != first.vocab_size for m in matchers):
+        raise StateError("all matchers of one batch must share a vocabulary size")
+    native = kernels.KERNELS
+    if native is None:
+        for matcher, target in zip(matchers, targets, strict=True):
+            matcher.fill_next_token_bitmask(array, target)
+        return
+    native.fill_schema_rows(list(matchers), array, targets, _batcher()._handle)
+
+
+_BATCHERS = threading.local()
+
+
+def _batcher() -> Any:
+    """This thread's xgrammar ``BatchGrammarMatcher`` (its thread pool is not for two
+    callers at once)."""
+    found = getattr(_BATCHERS, "batcher", None)
+    if found is None:
+        import xgrammar
+
+        found = _BATCHERS.batcher = xgrammar.BatchGrammarMatcher()
+    return found
 
 
 def allowed_token_bitmask(

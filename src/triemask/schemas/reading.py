@@ -66,6 +66,7 @@ _ONE = (
 )
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_CHILDREN = frozenset(_ONE + _LIST + _MAP)  # the keywords holding subschemas
 # Keywords that only annotate: a branch {"const": x, "description": ...} is still a plain const.
 # Keywords xgrammar accepts but does not enforce: the output would not satisfy them, so a
 # schema holding one is refused rather than silently loosened (with the value that is a no-op).
@@ -106,8 +107,9 @@ class EnumSite:
     pattern: str | None = None  # a finite string field: the regex of its content (no quotes)
 
 
-def load_schema(schema: Any) -> dict[str, Any]:
-    """The schema as a fresh dict (the caller's object is never modified).
+def load_schema_text(schema: Any) -> tuple[dict[str, Any], str]:
+    """The schema as a fresh dict (the caller's object is never modified) and its compact JSON
+    text (``json.dumps``, key order kept: what xgrammar is given).
 
     Raises
     ------
@@ -121,13 +123,15 @@ def load_schema(schema: Any) -> dict[str, Any]:
     if isinstance(schema, str | bytes):
         try:
             loaded = json.loads(schema)
+            text = ""  # (made below, once the JSON is known to be an object)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SchemaError(f"the schema is not valid JSON: {exc}", path="$") from None
         except RecursionError:
             raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
     elif isinstance(schema, Mapping):
         try:  # a deep copy that also checks that the schema is JSON
-            loaded = json.loads(json.dumps(schema, allow_nan=False))
+            text = json.dumps(schema, allow_nan=False)
+            loaded = json.loads(text)
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"the schema is not JSON-serialisable: {exc}", path="$") from None
         except RecursionError:
@@ -145,22 +149,31 @@ def load_schema(schema: Any) -> dict[str, Any]:
             "and refer to them",
             path="$",
         )
-    return loaded
+    return loaded, text or json.dumps(loaded)
+
+
+def load_schema(schema: Any) -> dict[str, Any]:
+    """The schema as a fresh dict (:func:`load_schema_text` without the text)."""
+    return load_schema_text(schema)[0]
 
 
 def _depth(node: Any) -> int:
-    """How deeply ``node``'s JSON nests (without recursion)."""
-    deepest, stack = 0, [(node, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
+    """How deeply ``node``'s JSON nests (without recursion): level by level, containers only."""
+    depth, level = 0, [node] if type(node) in (dict, list) else []
+    while level:
+        depth += 1
+        inner = []
+        for item in level:
+            inner += [child for child in (item.values() if type(item) is dict else item) if type(child) in (dict, list)]
+        level = inner
+    return depth
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_$][A-Za-z0-9_$]*")
 
 
 def _key_path(path: str, key: str) -> str:
-    return f"{path}.{key}" if re.fullmatch(r"[A-Za-z_$][A-Za-z0-9_$]*", key) else f"{path}[{json.dumps(key)}]"
+    return f"{path}.{key}" if _IDENTIFIER.fullmatch(key) else f"{path}[{json.dumps(key)}]"
 
 
 def _is_scalar(value: Any) -> bool:
@@ -324,15 +337,44 @@ def _key_schemas(schema: dict[str, Any]) -> set[int]:
 def _dicts_within(node: Any) -> list[dict[str, Any]]:
     """Every dict inside ``node``, itself included (every subschema, and some dicts that are not)."""
     found: list[dict[str, Any]] = []
-    stack: list[Any] = [node]
-    while stack:
+    stack: list[Any] = [node] if type(node) in (dict, list) else []
+    while stack:  # (a loaded schema holds exact dicts and lists; containers only are stacked)
         item = stack.pop()
-        if isinstance(item, dict):
+        if type(item) is dict:
             found.append(item)
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
+            stack += [child for child in item.values() if type(child) in (dict, list)]
+        else:
+            stack += [child for child in item if type(child) in (dict, list)]
     return found
+
+
+def _nothing_to_dispatch(schema: dict[str, Any], min_enum_values: int) -> bool:
+    """Whether no part of ``schema`` can become a site nor needs :func:`dispatch`'s checks,
+    judged from every dict in it in one pass (most schemas: a function's arguments, a tool
+    union with one-value enums), so that dispatch returns it as it is. Anything it cannot
+    clear at a glance (an enum or a union of consts that may be large or is not plain, a
+    pattern, a format, a keyword xgrammar does not enforce) takes the full visit."""
+    for node in _dicts_within(schema):
+        if (
+            not _UNENFORCED.keys().isdisjoint(node)
+            or type(node.get("pattern")) is str
+            or type(node.get("format")) is str
+        ):
+            return False
+        values = node.get("enum")
+        if values is None or type(values) is dict:  # (no enum, or a property named "enum")
+            for keyword in ("anyOf", "oneOf"):
+                branches = node.get(keyword)
+                if type(branches) is list and any(type(b) is dict and "const" in b for b in branches):
+                    return False  # perhaps a union of consts, as an enum
+            continue
+        if type(values) is not list or not 0 < len(values) < min_enum_values:
+            return False
+        try:
+            "".join(v for v in values if type(v) is str).encode("utf-8")
+        except UnicodeEncodeError:
+            return False  # _check_values names the value
+    return True
 
 
 def dispatch(
@@ -342,8 +384,11 @@ def dispatch(
     (``schema`` itself is not modified). ``patterns=False`` builds no pattern automaton (a
     serving front end checks a schema's errors without the costly part of its compile).
 
-    Returns the rewritten schema and the sites, in the order they were found.
+    Returns the rewritten schema and the sites, in the order they were found (``schema``
+    itself where nothing is replaced: the caller must not modify either).
     """
+    if _nothing_to_dispatch(schema, min_enum_values):
+        return schema, []
     nonce = secrets.token_hex(8)
     sites: list[EnumSite] = []
     key_schemas = _key_schemas(schema)
@@ -382,6 +427,8 @@ def dispatch(
             placeholder = f"triemask-{nonce}-{len(sites)}"
             sites.append(EnumSite(finite[1], (), placeholder, finite[0]))
             return {"const": placeholder}
+        if _CHILDREN.isdisjoint(node):  # a leaf (most subschemas): nothing below to visit
+            return node
         node = dict(node)  # shallow: the caller's schema is never modified, enum lists are not copied
         for key in _MAP:
             children = node.get(key)

@@ -7,13 +7,13 @@ import re
 import threading
 from collections.abc import Hashable
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from importlib.metadata import version
 from typing import Any
 
 import numpy as np
 
-from ..base import BoundedLRU, bitmask_width
+from ..base import BoundedLRU, bitmask_width, kernels
 from ..vocab import TokenIndex, Vocabulary
 from .json_lexer import Lexical
 from .structure import SENTINEL_LEAD, VALUE_FIRST, check_entry_unforgeable, value_end_offsets, value_start_offsets
@@ -102,7 +102,8 @@ SKELETON_CACHE_BYTES = 64 << 20
 class Skeleton:
     """A schema structure compiled once: xgrammar's EBNF (with the first compile's
     placeholders, which the fields of every later schema of this skeleton take), and the
-    compiled grammar with the fields' sentinels."""
+    compiled grammar with the fields' sentinels. A schema without trie fields is compiled by
+    xgrammar's ``compile_json_schema`` directly: no EBNF is kept (empty), none is needed."""
 
     ebnf: str
     placeholders: tuple[str, ...]  # by site
@@ -150,7 +151,50 @@ class VocabularySupport:
         self.grammar_compiler = xgrammar.GrammarCompiler(self.info, cache_enabled=False)
         self._pieces: BoundedLRU[tuple[bytes, bytes], Pieces] = BoundedLRU(8)  # a handful of byte sets in practice
         self._skeletons: BoundedLRU[Hashable, Skeleton] = BoundedLRU(SKELETON_CACHE_BYTES)
+        self._step_tables: BoundedLRU[frozenset[int], Any] = BoundedLRU(64)  # by crossing tokens
         self._lock = threading.Lock()
+
+    @cached_property
+    def _step_parts(self) -> dict[str, Any]:
+        """The vocabulary's part of every schema's :meth:`step_tables` (shared, not copied)."""
+        eos = np.zeros(self.vocab.vocab_size, dtype=np.uint8)
+        eos[list(self.vocab.eos_token_ids)] = 1
+        lo, hi = self.pseudo_words
+        keep = self.lexical.string_keep
+        states, words = np.nonzero(keep != -1)  # the words a state's keep row changes, by state
+        return {
+            "tokens": tuple(self.tokens),
+            "after": b"".join(self.lexical.after),
+            "keep": keep,
+            "sparse_offsets": np.searchsorted(states, np.arange(len(keep) + 1)).astype(np.int64),
+            "sparse_words": words.astype(np.int32),
+            "sparse_masks": keep[states, words],
+            "eos": eos,
+            "pseudo_keep": np.ascontiguousarray(self.pseudo_keep),
+            "vocab_size": self.vocab.vocab_size,
+            "xgr_width": self.xgr_width,
+            "pseudo_lo": lo,
+            "pseudo_hi": hi,
+            "inline_pseudo": self.inline,
+        }
+
+    def step_tables(self, crossing: frozenset[int]) -> Any:
+        """What the C structural step of a schema reads (``_native.StepTables``: the
+        tokens, the lexer's tables, the extra tokens' words, and ``crossing``, the tokens
+        that may enter one of the schema's fields), or None without the C extension. Shared
+        by the schemas of one set of crossing tokens (every schema without trie fields)."""
+        native = kernels.KERNELS
+        if native is None:
+            return None
+        with self._lock:
+            found = self._step_tables.get(crossing)
+        if found is None:
+            flags = np.zeros(len(self.tokens), dtype=np.uint8)
+            flags[np.fromiter(crossing, dtype=np.int64, count=len(crossing))] = 1
+            built = native.StepTables(crossing=flags, **self._step_parts)
+            with self._lock:
+                found = self._step_tables.setdefault(crossing, built)
+        return found
 
     def skeleton(self, key: Hashable) -> Skeleton | None:
         """The structure compiled earlier for a schema of this skeleton, if kept."""
@@ -211,6 +255,7 @@ def clear_structure_cache() -> None:
             support.forget_skeletons()
 
 
+@cache  # once per process when it passes (a failure raises again at the next call)
 def require_xgrammar() -> None:
     try:
         import xgrammar  # noqa: F401

@@ -1,0 +1,490 @@
+/* ------------------------------------------------------------------ schema steps */
+
+/* The common step of a mixed schema (triemask.schemas), in C: the output is in the JSON
+ * structure that xgrammar follows (one structural configuration) and the token cannot enter
+ * an enum field. That is every step of a schema without trie fields and most steps of the
+ * others, so it must cost what xgrammar's own step costs:
+ *
+ *   accept_token: the JSON lexer's table lookup (strict JSON), then xgrammar's accept_token;
+ *   fill:         xgrammar's fill into the caller's row (or the scratch row, where the extra
+ *                 tokens of structural prefixes do not fit in the model's padding ids), then
+ *                 the lexer's keep row ANDed in.
+ *
+ * xgrammar is called through the nanobind handle of its GrammarMatcher (matcher._handle),
+ * the cheapest interface it offers: no Python frame of its wrapper. Everything else (a field
+ * in reach: an extra token's bit set after the fill; a token that may cross into a field;
+ * configurations inside a value or several readings; a buffer other than a C-contiguous int32
+ * ndarray of the row width; any argument that is not an exact int) goes to the Python methods
+ * _accept_token_reference and _fill_reference of SchemaMatcher, the reference implementation,
+ * which the tests compare this against.
+ *
+ * StepTables: what those steps read, one per compiled schema (built by
+ * triemask.schemas.CompiledSchema, checked here once):
+ *
+ *   tokens        tuple, by token id < n: the token's bytes, or None (special tokens)
+ *   after         uint8 [LEX_STATES * n]: the lexer state after token t from state s, at
+ *                 s * n + t (LEX_STATES: refused)
+ *   keep          int32 [LEX_STATES * width]: per lexer state, the bitmask of tokens not refused
+ *                 inside strings (outside them xgrammar's JSON structure holds no byte the
+ *                 lexer refuses but 0xFF, which stays refused: Lexical.string_keep)
+ *   sparse_*      the same rows as CSR (offsets int64 [LEX_STATES + 1], words and masks int32):
+ *                 the words where a state's row is not all ones, ANDed one by one where they are
+ *                 few (outside strings: about 300 of Qwen's 4,748 words)
+ *   crossing      uint8 [n]: 1 where the token may enter a field of this schema
+ *   eos           uint8 [vocab_size]: 1 for the end-of-sequence ids
+ *   pseudo_keep   int32 [pseudo_hi - pseudo_lo]: in xgrammar's words pseudo_lo .. pseudo_hi,
+ *                 the bits of real tokens (the others are the extra tokens)
+ *
+ * SchemaCore: the base class of SchemaMatcher, holding its per-request fields as attributes
+ * (_schema, _configs, _history, _output, _lexer, _filled, _scratch, _scratch_width), which the
+ * Python code reads and writes as before. The xgrammar handle and the tables of the current
+ * configurations are looked up when _configs is another list than at the last call, and kept.
+ */
+
+enum { LEX_STATES = 10, STRUCT_FIELD = -1 };
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *tokens; /* tuple */
+    Py_buffer after, keep, crossing, eos, pseudo_keep, sparse_offsets, sparse_words, sparse_masks;
+    Py_ssize_t n, vocab_size, width, xgr_width, pseudo_lo, pseudo_hi;
+    int sparse[LEX_STATES]; /* whether a state's row is ANDed word by word from the CSR */
+    int inline_pseudo;
+} StepTables;
+
+static void StepTables_dealloc(StepTables *self) {
+    Py_buffer *views[] = {&self->after,          &self->keep,         &self->crossing,
+                          &self->eos,            &self->pseudo_keep,  &self->sparse_offsets,
+                          &self->sparse_words,   &self->sparse_masks};
+    for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++) {
+        if (views[i]->obj != NULL) {
+            PyBuffer_Release(views[i]);
+        }
+    }
+    Py_CLEAR(self->tokens);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
+    PyObject *tokens, *after, *keep, *crossing, *eos, *pseudo_keep, *sparse_offsets, *sparse_words, *sparse_masks;
+    Py_ssize_t vocab_size, xgr_width, pseudo_lo, pseudo_hi;
+    int inline_pseudo;
+    static char *names[] = {"tokens",         "after",        "keep",         "crossing",   "eos",
+                            "pseudo_keep",    "sparse_offsets", "sparse_words", "sparse_masks", "vocab_size",
+                            "xgr_width",      "pseudo_lo",    "pseudo_hi",    "inline_pseudo", NULL};
+    if (self->tokens != NULL) {
+        PyErr_SetString(PyExc_TypeError, "StepTables are built once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOOnnnnp", names, &PyTuple_Type, &tokens, &after, &keep,
+                                     &crossing, &eos, &pseudo_keep, &sparse_offsets, &sparse_words, &sparse_masks,
+                                     &vocab_size, &xgr_width, &pseudo_lo, &pseudo_hi, &inline_pseudo)) {
+        return -1;
+    }
+    PyObject *sources[] = {after, keep, crossing, eos, pseudo_keep, sparse_offsets, sparse_words, sparse_masks};
+    Py_buffer *views[] = {&self->after,          &self->keep,         &self->crossing,
+                          &self->eos,            &self->pseudo_keep,  &self->sparse_offsets,
+                          &self->sparse_words,   &self->sparse_masks};
+    for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++) {
+        if (PyObject_GetBuffer(sources[i], views[i], PyBUF_C_CONTIGUOUS) < 0) {
+            return -1;
+        }
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(tokens), width = (vocab_size + 31) / 32;
+    int bad = vocab_size < 1 || n > vocab_size || self->after.len != LEX_STATES * n ||
+              self->keep.len != (Py_ssize_t)sizeof(int32_t) * LEX_STATES * width || self->crossing.len != n ||
+              self->eos.len != vocab_size || pseudo_lo < 0 || pseudo_hi < pseudo_lo || pseudo_hi > xgr_width ||
+              self->pseudo_keep.len != (Py_ssize_t)sizeof(int32_t) * (pseudo_hi - pseudo_lo) ||
+              (inline_pseudo ? xgr_width != width : (xgr_width <= width || pseudo_lo < width));
+    const uint8_t *states = (const uint8_t *)self->after.buf;
+    for (Py_ssize_t i = 0; !bad && i < self->after.len; i++) {
+        bad = states[i] > LEX_STATES;
+    }
+    /* the CSR: offsets ascending from 0 to the words' count, words in [0, width) */
+    const int64_t *offsets = (const int64_t *)self->sparse_offsets.buf;
+    const int32_t *words = (const int32_t *)self->sparse_words.buf;
+    Py_ssize_t count = self->sparse_words.len / (Py_ssize_t)sizeof(int32_t);
+    bad |= self->sparse_offsets.len != (Py_ssize_t)sizeof(int64_t) * (LEX_STATES + 1) ||
+           self->sparse_masks.len != self->sparse_words.len || self->sparse_words.len % sizeof(int32_t) != 0;
+    for (int s = 0; !bad && s < LEX_STATES; s++) {
+        bad = offsets[0] != 0 || offsets[s + 1] < offsets[s] || offsets[LEX_STATES] != count;
+        self->sparse[s] = !bad && 8 * (offsets[s + 1] - offsets[s]) <= width;
+    }
+    for (Py_ssize_t i = 0; !bad && i < count; i++) {
+        bad = words[i] < 0 || words[i] >= width;
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "schema step tables of inconsistent sizes or lexer states out of range");
+        return -1;
+    }
+    Py_INCREF(tokens);
+    self->tokens = tokens;
+    self->n = n;
+    self->vocab_size = vocab_size;
+    self->width = width;
+    self->xgr_width = xgr_width;
+    self->pseudo_lo = pseudo_lo;
+    self->pseudo_hi = pseudo_hi;
+    self->inline_pseudo = inline_pseudo;
+    return 0;
+}
+
+static PyTypeObject StepTablesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "triemask.base._native.StepTables",
+    .tp_basicsize = sizeof(StepTables),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "What the structural step of a mixed schema reads in C (see schema_step.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)StepTables_init,
+    .tp_dealloc = (destructor)StepTables_dealloc,
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *schema, *configs, *history, *output, *filled, *scratch;
+    long long lexer, scratch_width;
+    /* for `resolved` (a strong reference, so that its address names it): the xgrammar handle
+     * and matcher of its one structural configuration and that schema's tables, or NULL */
+    PyObject *resolved, *handle, *matcher, *tables;
+} SchemaCore;
+
+static PyObject *str_handle, *str_step_tables, *str_accept_token, *str_fill_next_token_bitmask, *str_batch_fill;
+static PyObject *small_zero;
+
+static void SchemaCore_forget(SchemaCore *self) {
+    Py_CLEAR(self->resolved);
+    Py_CLEAR(self->handle);
+    Py_CLEAR(self->matcher);
+    Py_CLEAR(self->tables);
+}
+
+static void SchemaCore_dealloc(SchemaCore *self) {
+    SchemaCore_forget(self);
+    Py_CLEAR(self->schema);
+    Py_CLEAR(self->configs);
+    Py_CLEAR(self->history);
+    Py_CLEAR(self->output);
+    Py_CLEAR(self->filled);
+    Py_CLEAR(self->scratch);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* 1 when the configurations are one structural configuration (self->handle, ->tables set),
+ * 0 when not (or on an error of the lookups, cleared: the reference decides), never -1. */
+static int SchemaCore_structural(SchemaCore *self) {
+    PyObject *configs = self->configs;
+    if (configs == NULL) {
+        return 0;
+    }
+    if (configs == self->resolved) {
+        return self->handle != NULL;
+    }
+    SchemaCore_forget(self);
+    Py_INCREF(configs);
+    self->resolved = configs;
+    if (!PyList_CheckExact(configs) || PyList_GET_SIZE(configs) != 1) {
+        return 0;
+    }
+    PyObject *config = PyList_GET_ITEM(configs, 0);
+    int64_t field;
+    if (!PyTuple_Check(config) || PyTuple_GET_SIZE(config) != 6 || !exact_int(PyTuple_GET_ITEM(config, 2), &field) ||
+        field != STRUCT_FIELD) {
+        return 0;
+    }
+    PyObject *tables = PyObject_GetAttr(PyTuple_GET_ITEM(config, 0), str_step_tables);
+    PyObject *handle = PyObject_GetAttr(PyTuple_GET_ITEM(config, 1), str_handle);
+    if (tables == NULL || handle == NULL || Py_TYPE(tables) != &StepTablesType) {
+        PyErr_Clear();
+        Py_XDECREF(tables);
+        Py_XDECREF(handle);
+        return 0;
+    }
+    self->tables = tables;
+    self->handle = handle;
+    Py_INCREF(PyTuple_GET_ITEM(config, 1));
+    self->matcher = PyTuple_GET_ITEM(config, 1);
+    return 1;
+}
+
+static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                         PyObject *kwnames) {
+    int64_t token;
+    if (kwnames == NULL && nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "accept_token() takes 1 argument (token_id), got %zd", nargs);
+        return NULL;
+    }
+    if (kwnames != NULL || !exact_int(args[0], &token) || self->history == NULL || self->output == NULL ||
+        !PyByteArray_CheckExact(self->output) || self->lexer < 0 || self->lexer >= LEX_STATES ||
+        !SchemaCore_structural(self)) {
+        return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+    }
+    const StepTables *t = (const StepTables *)self->tables;
+    if (token < 0 || token >= t->vocab_size) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *data = token < t->n ? PyTuple_GET_ITEM(t->tokens, token) : Py_None;
+    long long lexer = self->lexer;
+    if (data != Py_None) {
+        if (!PyBytes_CheckExact(data)) {
+            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+        }
+        lexer = ((const uint8_t *)t->after.buf)[self->lexer * t->n + token];
+        if (lexer == LEX_STATES) {
+            Py_RETURN_FALSE;
+        }
+        /* a token that may enter a field needs every reading, unless the last fill found
+         * that no field can be entered from these configurations */
+        if (((const uint8_t *)t->crossing.buf)[token] && self->filled != self->configs) {
+            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+        }
+    } else if (!((const uint8_t *)t->eos.buf)[token]) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *call[] = {self->handle, args[0], Py_False};
+    PyObject *accepted = PyObject_VectorcallMethod(str_accept_token, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (accepted == NULL) {
+        return NULL;
+    }
+    int ok = PyObject_IsTrue(accepted);
+    Py_DECREF(accepted);
+    if (ok <= 0) {
+        return ok < 0 ? NULL : (Py_INCREF(Py_False), Py_False);
+    }
+    /* (configurations, output length, lexer state, the matcher advanced in place) */
+    PyObject *length = PyLong_FromSsize_t(PyByteArray_GET_SIZE(self->output));
+    PyObject *state = PyLong_FromLongLong(self->lexer);
+    PyObject *entry = length && state ? PyTuple_Pack(4, self->configs, length, state, self->matcher) : NULL;
+    Py_XDECREF(length);
+    Py_XDECREF(state);
+    if (entry == NULL) {
+        return NULL;
+    }
+    PyObject *done = PyObject_CallMethodOneArg(self->history, str_append, entry);
+    Py_DECREF(entry);
+    if (done == NULL) {
+        return NULL;
+    }
+    Py_DECREF(done);
+    self->lexer = lexer;
+    Py_INCREF(Py_None);
+    Py_SETREF(self->filled, Py_None); /* the state moved: what the last fill found no longer holds */
+    if (data != Py_None && PyBytes_GET_SIZE(data) > 0) {
+        Py_ssize_t before = PyByteArray_GET_SIZE(self->output);
+        if (PyByteArray_Resize(self->output, before + PyBytes_GET_SIZE(data)) < 0) {
+            return NULL;
+        }
+        memcpy(PyByteArray_AS_STRING(self->output) + before, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+    }
+    Py_RETURN_TRUE;
+}
+
+/* out = from & keep over n words (`from` may be `out`). Kept out of line: GCC vectorises
+ * it alone (versioned for aliasing), not once inlined into its caller. */
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+static NOINLINE void and_words(int32_t *out, const int32_t *from, const int32_t *keep, Py_ssize_t n) {
+    for (Py_ssize_t w = 0; w < n; w++) {
+        out[w] = from[w] & keep[w];
+    }
+}
+
+/* What follows xgrammar's fill of a structural row (`xgr`, xgrammar's words): 0 to defer when
+ * an extra token's bit is set (a field may be entered: the reference fills the row again),
+ * else the row `out` written (xgrammar's words ANDed with the lexer's keep row) and 1. */
+static int SchemaCore_finish_row(SchemaCore *self, const int32_t *xgr, int32_t *out) {
+    const StepTables *t = (const StepTables *)self->tables;
+    const int32_t *pseudo_keep = (const int32_t *)t->pseudo_keep.buf;
+    int32_t pseudo = 0;
+    for (Py_ssize_t w = t->pseudo_lo; w < t->pseudo_hi; w++) {
+        pseudo |= xgr[w] & ~pseudo_keep[w - t->pseudo_lo];
+    }
+    if (pseudo) {
+        return 0;
+    }
+    if (t->sparse[self->lexer]) {
+        const int64_t *offsets = (const int64_t *)t->sparse_offsets.buf;
+        const int32_t *words = (const int32_t *)t->sparse_words.buf, *masks = (const int32_t *)t->sparse_masks.buf;
+        if (xgr != out) {
+            memcpy(out, xgr, sizeof(int32_t) * (size_t)t->width);
+        }
+        for (int64_t i = offsets[self->lexer]; i < offsets[self->lexer + 1]; i++) {
+            out[words[i]] &= masks[i];
+        }
+    } else {
+        and_words(out, xgr, (const int32_t *)t->keep.buf + self->lexer * t->width, t->width);
+    }
+    Py_INCREF(self->configs);
+    Py_SETREF(self->filled, self->configs); /* no field can be entered from these configurations */
+    return 1;
+}
+
+/* The structural fill into `out` (width words); 1 done, 0 to defer (an extra token's bit is
+ * set: a field may be entered), -1 on an error. `bitmask`, `row`: the caller's. */
+static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObject *row, int32_t *out) {
+    const StepTables *t = (const StepTables *)self->tables;
+    const int32_t *xgr = out;
+    PyObject *target = bitmask, *index = row;
+    if (!t->inline_pseudo) {
+        const ArrayHeader *s = (const ArrayHeader *)self->scratch;
+        if (self->scratch == NULL || Py_TYPE(self->scratch) != ndarray_type || s->descr != int32_descr ||
+            s->nd != 2 || !(s->flags & ARRAY_C_CONTIGUOUS) || !(s->flags & ARRAY_WRITEABLE) ||
+            s->dimensions[0] < 1 || s->dimensions[1] != t->xgr_width) {
+            return 0;
+        }
+        target = self->scratch;
+        index = small_zero;
+        xgr = (const int32_t *)s->data;
+    }
+    PyObject *call[] = {self->handle, target, index, Py_False};
+    PyObject *result =
+        PyObject_VectorcallMethod(str_fill_next_token_bitmask, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (result == NULL) {
+        return -1;
+    }
+    Py_DECREF(result);
+    return SchemaCore_finish_row(self, xgr, out);
+}
+
+static PyObject *SchemaCore_fill(SchemaCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    int64_t row = 0;
+    int done = 0;
+    if (nargs >= 1 && nargs <= 2 && kwnames == NULL && ndarray_type != NULL && Py_TYPE(args[0]) == ndarray_type &&
+        (nargs == 1 || exact_int(args[1], &row)) && self->lexer >= 0 && self->lexer < LEX_STATES &&
+        SchemaCore_structural(self)) {
+        const ArrayHeader *h = (const ArrayHeader *)args[0];
+        const int needed = ARRAY_C_CONTIGUOUS | ARRAY_ALIGNED | ARRAY_WRITEABLE;
+        const StepTables *t = (const StepTables *)self->tables;
+        if (h->descr == int32_descr && h->nd == 2 && (h->flags & needed) == needed && h->dimensions[1] == t->width &&
+            row >= 0 && row < h->dimensions[0]) {
+            PyObject *index = nargs == 2 ? args[1] : small_zero;
+            done = SchemaCore_fill_structural(self, args[0], index, (int32_t *)h->data + row * t->width);
+        }
+    }
+    if (done < 0) {
+        return NULL;
+    }
+    if (!done) {
+        PyObject *result = defer_to((PyObject *)self, str_fill_reference, args, nargs, kwnames);
+        if (result == NULL) {
+            return NULL;
+        }
+        Py_DECREF(result);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef SchemaCore_methods[] = {
+    {"accept_token", (PyCFunction)(void (*)(void))SchemaCore_accept_token, METH_FASTCALL | METH_KEYWORDS,
+     "accept_token($self, token_id)\n--\n\n"
+     "Advance by one token; False (state unchanged) when it is not allowed."},
+    {"fill_next_token_bitmask", (PyCFunction)(void (*)(void))SchemaCore_fill, METH_FASTCALL | METH_KEYWORDS,
+     "fill_next_token_bitmask($self, bitmask, row=0)\n--\n\n"
+     "Overwrite row ``row`` of ``bitmask`` (int32, ``(batch, ceil(vocab_size / 32))``,\n"
+     "numpy or CPU torch) with the mask of the next token."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef SchemaCore_members[] = {
+    {"_schema", T_OBJECT, offsetof(SchemaCore, schema), 0, "the compiled schema"},
+    {"_configs", T_OBJECT, offsetof(SchemaCore, configs), 0, "the configurations (a list)"},
+    {"_history", T_OBJECT, offsetof(SchemaCore, history), 0, "what rollback restores (a deque)"},
+    {"_output", T_OBJECT, offsetof(SchemaCore, output), 0, "the output so far (a bytearray)"},
+    {"_lexer", T_LONGLONG, offsetof(SchemaCore, lexer), 0, "the JSON lexer state at the end of the output"},
+    {"_filled", T_OBJECT, offsetof(SchemaCore, filled), 0, "the configurations a fill found no field to enter from"},
+    {"_scratch", T_OBJECT, offsetof(SchemaCore, scratch), 0, "xgrammar's row when it is wider"},
+    {"_scratch_width", T_LONGLONG, offsetof(SchemaCore, scratch_width), 0, "the row width"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject SchemaCoreType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "triemask.base._native.SchemaCore",
+    .tp_basicsize = sizeof(SchemaCore),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_doc = "The per-request state of triemask.SchemaMatcher and its structural step in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)SchemaCore_dealloc,
+    .tp_methods = SchemaCore_methods,
+    .tp_members = SchemaCore_members,
+};
+
+/* fill_schema_rows(matchers, bitmask, rows, batcher) -> None: row rows[i] of `bitmask` (a
+ * C-contiguous int32 ndarray) for matchers[i] (SchemaCore instances; rows: a list of exact
+ * ints). The structural rows go to xgrammar's BatchGrammarMatcher (`batcher`: its handle) in
+ * one call, then the lexer's rows; every other row through its matcher's own fill (which
+ * defers to the reference where it must). */
+static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2]) ||
+        PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "fill_schema_rows(matchers, bitmask, rows, batcher): two lists of one length");
+        return NULL;
+    }
+    PyObject *matchers = args[0], *bitmask = args[1], *rows = args[2];
+    Py_ssize_t n = PyList_GET_SIZE(matchers);
+    const ArrayHeader *h = (const ArrayHeader *)bitmask;
+    const int needed = ARRAY_C_CONTIGUOUS | ARRAY_ALIGNED | ARRAY_WRITEABLE;
+    int batchable = ndarray_type != NULL && Py_TYPE(bitmask) == ndarray_type && h->descr == int32_descr &&
+                    h->nd == 2 && (h->flags & needed) == needed;
+    PyObject *handles = PyList_New(0), *indices = PyList_New(0);
+    char *batched = calloc((size_t)n + 1, 1);
+    PyObject *result = NULL;
+    if (handles == NULL || indices == NULL || batched == NULL) {
+        goto done;
+    }
+    for (Py_ssize_t i = 0; batchable && i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(matchers, i);
+        int64_t row;
+        if (!PyObject_TypeCheck(item, &SchemaCoreType) || !exact_int(PyList_GET_ITEM(rows, i), &row)) {
+            continue;
+        }
+        SchemaCore *m = (SchemaCore *)item;
+        if (m->lexer < 0 || m->lexer >= LEX_STATES || !SchemaCore_structural(m)) {
+            continue;
+        }
+        const StepTables *t = (const StepTables *)m->tables;
+        if (!t->inline_pseudo || h->dimensions[1] != t->width || row < 0 || row >= h->dimensions[0]) {
+            continue;
+        }
+        if (PyList_Append(handles, m->handle) < 0 || PyList_Append(indices, PyList_GET_ITEM(rows, i)) < 0) {
+            goto done;
+        }
+        batched[i] = 1;
+    }
+    if (PyList_GET_SIZE(handles) > 0) {
+        PyObject *call[] = {args[3], handles, bitmask, indices, Py_False};
+        PyObject *filled = PyObject_VectorcallMethod(str_batch_fill, call, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (filled == NULL) {
+            goto done;
+        }
+        Py_DECREF(filled);
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyList_GET_ITEM(matchers, i);
+        if (batched[i]) {
+            int64_t row;
+            exact_int(PyList_GET_ITEM(rows, i), &row);
+            int32_t *out = (int32_t *)h->data + row * h->dimensions[1];
+            if (SchemaCore_finish_row((SchemaCore *)item, out, out)) {
+                continue;
+            }
+        }
+        PyObject *call[] = {item, bitmask, PyList_GET_ITEM(rows, i)};
+        PyObject *filled =
+            PyObject_VectorcallMethod(str_fill_next_token_bitmask, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        if (filled == NULL) {
+            goto done;
+        }
+        Py_DECREF(filled);
+    }
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    free(batched);
+    Py_XDECREF(handles);
+    Py_XDECREF(indices);
+    return result;
+}

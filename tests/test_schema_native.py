@@ -1,0 +1,185 @@
+"""The C structural step of mixed schemas (``_native.SchemaCore``, ``fill_schema_rows``) against
+the Python reference (``SchemaMatcher._accept_token_reference`` / ``_fill_reference``): the same
+masks, answers, outputs and lexer states at every step of random walks, on a vocabulary holding
+every byte and tokens that glue quotes, control bytes, surrogate bytes and 0xFF to structure.
+
+The C fill ANDs ``Lexical.string_keep`` (refusals inside strings and of 0xFF), the reference
+the whole ``keep``; equal masks here are what shows that xgrammar's structure allows no byte
+outside strings that the JSON lexer refuses.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from conftest import byte_vocabulary
+from test_schema_strictness import FREE, STRICT_MERGES, TRIE
+from triemask import BitmaskError, Compiler, Matcher, SchemaMatcher, StateError, Vocabulary, fill_next_token_bitmasks
+from triemask.base import kernels
+
+pytest.importorskip("xgrammar")
+pytestmark = pytest.mark.skipif(kernels.KERNELS is None, reason="the C extension is not built")
+
+# A no-field schema with every JSON value kind, then each free-text flavour beside each trie field.
+EVERY_KIND = {
+    "type": "object",
+    "properties": {
+        "n": {"type": "number"},
+        "i": {"type": "integer", "minimum": -5},
+        "b": {"type": "boolean"},
+        "z": {"type": "null"},
+        "a": {"type": "array", "items": {}},
+        "o": {"type": "object"},
+        "e": {"enum": [1, "x", None, True]},
+        "s": {"type": "string", "maxLength": 4},
+    },
+    "required": ["n", "i", "b", "z", "a", "o", "e", "s"],
+}
+SCHEMAS: dict[str, Any] = {"every kind": EVERY_KIND}
+for _free, _trie in [("plain", "enum"), ("bounded", "date"), ("dot pattern", "finite pattern"), ("email", "uuid")]:
+    SCHEMAS[f"{_free} + {_trie}"] = {
+        "type": "object",
+        "properties": {"a": FREE[_free], "t": TRIE[_trie], "b": FREE["bounded"]},
+        "required": ["a", "t", "b"],
+    }
+
+
+@pytest.fixture(scope="module")
+def vocab() -> Vocabulary:
+    return byte_vocabulary(STRICT_MERGES)
+
+
+def state_of(matcher: SchemaMatcher) -> tuple[Any, ...]:
+    return matcher.text, matcher._lexer, len(matcher._configs)
+
+
+@pytest.mark.parametrize("any_whitespace", [False, True])
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_structural_step_equals_the_reference(vocab: Vocabulary, name: str, any_whitespace: bool) -> None:
+    compiled = Compiler(vocab).compile_json_schema(SCHEMAS[name], min_enum_values=2, any_whitespace=any_whitespace)
+    width = (vocab.vocab_size + 31) // 32
+    rng = random.Random(name)
+    structural_steps = 0
+    for _ in range(8):
+        ours, twin = Matcher(compiled), Matcher(compiled)
+        assert isinstance(ours, SchemaMatcher) and isinstance(twin, SchemaMatcher)
+        for _ in range(60):
+            native, reference = np.zeros((2, width), dtype=np.int32), np.zeros((2, width), dtype=np.int32)
+            ours.fill_next_token_bitmask(native, 1)
+            twin._fill_reference(reference, 1)
+            assert np.array_equal(native, reference), (ours.text, name)
+            structural_steps += not ours.in_enum_value
+            allowed = np.flatnonzero(np.unpackbits(native[1].view(np.uint8), bitorder="little")).tolist()
+            # tokens outside the mask too: each must be refused alike, the state unchanged
+            for token in rng.sample(range(vocab.vocab_size + 2), 6):
+                before = state_of(ours)
+                taken = ours.accept_token(token)
+                assert taken == twin._accept_token_reference(token), (ours.text, token)
+                if taken:
+                    ours.rollback(1)
+                    twin.rollback(1)
+                assert state_of(ours) == state_of(twin) == before
+                assert len(ours._history) == len(twin._history)
+            if not allowed:
+                break
+            token = rng.choice(allowed)
+            assert ours.accept_token(token) and twin._accept_token_reference(token)
+            assert state_of(ours) == state_of(twin)
+            if ours.is_terminated():
+                break
+            if rng.random() < 0.1:
+                ours.rollback(1)
+                twin.rollback(1)
+                assert state_of(ours) == state_of(twin)
+        assert ours.value == twin.value
+    assert structural_steps > 50
+
+
+def test_batch_equals_rows(vocab: Vocabulary) -> None:
+    compiler = Compiler(vocab)
+    schemas = [compiler.compile_json_schema(SCHEMAS[name], min_enum_values=2) for name in sorted(SCHEMAS)]
+    rng = random.Random(7)
+    matchers = []
+    for i in range(40):
+        matcher = Matcher(schemas[i % len(schemas)])
+        for _ in range(rng.randrange(40)):
+            allowed = [t for t in matcher.allowed_token_ids().tolist() if t not in vocab.eos_token_ids]
+            if not allowed:
+                break
+            matcher.accept_token(rng.choice(allowed))
+        matchers.append(matcher)
+    assert any(m.in_enum_value for m in matchers) and not all(m.in_enum_value for m in matchers)
+    width = (vocab.vocab_size + 31) // 32
+    rows = rng.sample(range(50), len(matchers))
+    bitmask = np.full((50, width), -1, dtype=np.int32)
+    fill_next_token_bitmasks(matchers, bitmask, rows)
+    for matcher, row in zip(matchers, rows, strict=True):
+        expected = np.zeros((1, width), dtype=np.int32)
+        matcher._fill_reference(expected)
+        assert np.array_equal(bitmask[row], expected[0])
+    untouched = sorted(set(range(50)) - set(rows))
+    assert (bitmask[untouched] == -1).all()
+    # a buffer the C side does not take (a read-only copy, then a torch tensor) fails or fills alike
+    frozen = bitmask.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(BitmaskError, match="read-only"):
+        fill_next_token_bitmasks(matchers, frozen, rows)
+    torch = pytest.importorskip("torch")
+    tensor = torch.zeros((50, width), dtype=torch.int32)
+    fill_next_token_bitmasks(matchers, tensor, rows)
+    assert np.array_equal(tensor.numpy()[rows], bitmask[rows])
+
+
+def test_odd_arguments_go_to_the_reference(vocab: Vocabulary) -> None:
+    compiled = Compiler(vocab).compile_json_schema(EVERY_KIND)
+    ours, twin = Matcher(compiled), Matcher(compiled)
+    for token in (True, np.int64(ord("{")), 2**70, -1, ord("{")):
+        assert ours.accept_token(token) == twin._accept_token_reference(token)  # type: ignore[arg-type]
+        assert ours.text == twin.text
+    width = (vocab.vocab_size + 31) // 32
+    a, b = np.zeros((1, width), dtype=np.int32), np.zeros((1, width), dtype=np.int32)
+    ours.fill_next_token_bitmask(bitmask=a, row=0)
+    twin._fill_reference(b)
+    assert np.array_equal(a, b)
+    with pytest.raises(BitmaskError):
+        ours.fill_next_token_bitmask(np.zeros((1, width + 1), dtype=np.int32))
+    with pytest.raises(StateError):
+        ours.fill_next_token_bitmask(a, 3)
+    with pytest.raises(TypeError, match=r"accept_token\(\) takes 1 argument"):
+        ours.accept_token()  # type: ignore[call-arg]
+
+
+def test_step_tables_are_checked() -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    good: dict[str, Any] = {
+        "tokens": (b"a", None),
+        "after": bytes(20),
+        "keep": np.full(10, -1, dtype=np.int32),
+        "crossing": bytes(2),
+        "eos": bytes([0, 1, 0]),
+        "pseudo_keep": np.zeros(0, dtype=np.int32),
+        "sparse_offsets": np.zeros(11, dtype=np.int64),
+        "sparse_words": np.zeros(0, dtype=np.int32),
+        "sparse_masks": np.zeros(0, dtype=np.int32),
+        "vocab_size": 3,
+        "xgr_width": 1,
+        "pseudo_lo": 0,
+        "pseudo_hi": 0,
+        "inline_pseudo": True,
+    }
+    native.StepTables(**good)
+    for name, bad in [
+        ("after", bytes([11]) * 20),  # a lexer state past "refused"
+        ("keep", np.full(9, -1, dtype=np.int32)),
+        ("eos", bytes(2)),
+        ("sparse_offsets", np.array([0] * 10 + [1], dtype=np.int64)),
+        ("pseudo_hi", 2),
+        ("xgr_width", 2),
+    ]:
+        with pytest.raises(ValueError, match="schema step tables"):
+            native.StepTables(**{**good, name: bad})
