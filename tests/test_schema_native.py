@@ -19,6 +19,7 @@ import pytest
 from conftest import byte_vocabulary
 from test_schema_strictness import FREE, STRICT_MERGES, TRIE
 from triemask import BitmaskError, Compiler, Matcher, SchemaMatcher, StateError, Vocabulary, fill_next_token_bitmasks
+from triemask.automata import native_kernel
 from triemask.base import kernels
 
 pytest.importorskip("xgrammar")
@@ -39,7 +40,18 @@ EVERY_KIND = {
     },
     "required": ["n", "i", "b", "z", "a", "o", "e", "s"],
 }
-SCHEMAS: dict[str, Any] = {"every kind": EVERY_KIND}
+SCHEMAS: dict[str, Any] = {
+    "every kind": EVERY_KIND,
+    "enums in arrays and objects": {
+        "type": "object",
+        "properties": {
+            "tags": {"type": "array", "items": TRIE["enum"], "maxItems": 3},
+            "pair": {"type": "object", "properties": {"x": TRIE["enum"], "y": FREE["bounded"]}, "required": ["x"]},
+            "last": TRIE["enum"],
+        },
+        "required": ["tags", "pair", "last"],
+    },
+}
 for _free, _trie in [("plain", "enum"), ("bounded", "date"), ("dot pattern", "finite pattern"), ("email", "uuid")]:
     SCHEMAS[f"{_free} + {_trie}"] = {
         "type": "object",
@@ -153,14 +165,13 @@ def test_odd_arguments_go_to_the_reference(vocab: Vocabulary) -> None:
         ours.accept_token()  # type: ignore[call-arg]
 
 
-def test_step_tables_are_checked() -> None:
+def test_step_tables_are_checked(vocab: Vocabulary) -> None:
     native = kernels.KERNELS
     assert native is not None
     good: dict[str, Any] = {
         "tokens": (b"a", None),
         "after": bytes(20),
         "keep": np.full(10, -1, dtype=np.int32),
-        "crossing": bytes(2),
         "eos": bytes([0, 1, 0]),
         "pseudo_keep": np.zeros(0, dtype=np.int32),
         "sparse_offsets": np.zeros(11, dtype=np.int64),
@@ -172,7 +183,7 @@ def test_step_tables_are_checked() -> None:
         "pseudo_hi": 0,
         "inline_pseudo": True,
     }
-    native.StepTables(**good)
+    lex = native.LexTables(**good)
     for name, bad in [
         ("after", bytes([11]) * 20),  # a lexer state past "refused"
         ("keep", np.full(9, -1, dtype=np.int32)),
@@ -182,4 +193,15 @@ def test_step_tables_are_checked() -> None:
         ("xgr_width", 2),
     ]:
         with pytest.raises(ValueError, match="schema step tables"):
-            native.StepTables(**{**good, name: bad})
+            native.LexTables(**{**good, name: bad})
+    native.StepTables(lex=lex, crossing=bytes(2), fields=())
+    automaton = Compiler(vocab).compile(["ab", "cd"], eos=False)
+    kernel = native_kernel(automaton)
+    flags = np.zeros(automaton.num_nodes, dtype=np.uint8)
+    for crossing, fields in [
+        (bytes(3), ()),  # not one flag per token
+        (bytes(2), ((kernel, flags),)),  # a kernel of another vocabulary's width
+        (bytes(2), ((object(), flags),)),
+    ]:
+        with pytest.raises(ValueError, match="schema step tables"):
+            native.StepTables(lex=lex, crossing=crossing, fields=fields)

@@ -37,7 +37,8 @@
  *   compile.c       the token index's tables and matching a value trie against the vocabulary
  *   tries.c         sorting values and building byte tries; the token index's hash
  *   python_types.c  MatcherCore and AutomatonCore, the C base classes of Matcher and automata
- *   schema_step.c   SchemaCore and StepTables: a mixed schema's structural step (xgrammar's handle)
+ *   schema_step.c   SchemaCore, LexTables, StepTables: a mixed schema's common steps (xgrammar's handle,
+ *                   the field tries' kernels)
  *   lazy_kernels.c  the lazy layout's Kernel: edges, spelling values, cache controls
  *   checks.c        the file format's checksum and the check that stored edges spell the values
  */
@@ -109,7 +110,7 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&TablesType) < 0 || PyType_Ready(&MatcherCoreType) < 0 ||
         PyType_Ready(&AutomatonCoreType) < 0 || PyType_Ready(&SchemaCoreType) < 0 ||
-        PyType_Ready(&StepTablesType) < 0) {
+        PyType_Ready(&StepTablesType) < 0 || PyType_Ready(&LexTablesType) < 0) {
         return NULL;
     }
     str_next_reference = PyUnicode_InternFromString("_next_state_reference");
@@ -156,9 +157,9 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(module);
         return NULL;
     }
-    PyTypeObject *schema_types[] = {&SchemaCoreType, &StepTablesType};
-    const char *schema_names[] = {"SchemaCore", "StepTables"};
-    for (int i = 0; i < 2; i++) {
+    PyTypeObject *schema_types[] = {&SchemaCoreType, &StepTablesType, &LexTablesType};
+    const char *schema_names[] = {"SchemaCore", "StepTables", "LexTables"};
+    for (int i = 0; i < 3; i++) {
         Py_INCREF(schema_types[i]);
         if (PyModule_AddObject(module, schema_names[i], (PyObject *)schema_types[i]) < 0) {
             Py_DECREF(schema_types[i]);

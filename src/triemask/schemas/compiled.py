@@ -52,6 +52,7 @@ from typing import Any, cast
 
 import numpy.typing as npt
 
+from ..automata import native_kernel
 from ..base import (
     ArgumentTypeError,
     AutomatonFileError,
@@ -75,6 +76,7 @@ from .fields import (
     field_tables,
     restore_field,
     schema_fingerprint,
+    step_flags,
     text_array,
 )
 from .reading import dispatch, load_schema, load_schema_text
@@ -159,7 +161,10 @@ class CompiledSchema(SchemaEngine):
         self._fields = tuple(fields)
         self._grammar = grammar
         self._crossing: frozenset[int] = frozenset().union(*(f.crossing for f in fields))
-        self._step_tables = self._support.step_tables(self._crossing)
+        # the C steps inside values need every field's kernel (else they are the reference's)
+        native = tuple((native_kernel(f.automaton), step_flags(f)) for f in fields)
+        in_c = all(kernel is not None for kernel, _ in native)
+        self._step_tables = self._support.step_tables(self._crossing, native if in_c else ())
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
             for prefix in {*f.enter_masks, *f.middle_by_prefix}:

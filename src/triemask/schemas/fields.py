@@ -155,6 +155,21 @@ def compile_field(
     )
 
 
+# A field node's flags for the C step (csrc/schema_step.c's FIELD_*, the same values).
+FIELD_LEAF, FIELD_ACCEPTING, FIELD_EXITS = 1, 2, 4
+
+
+def step_flags(field: Field) -> npt.NDArray[np.uint8]:
+    """By trie node: whether a value is over there (leaf), may end there (accepting), and may
+    end inside a token from there (exits): where the C step leaves the value to the reference."""
+    n = field.automaton.num_nodes
+    flags = np.zeros(n, dtype=np.uint8)
+    flags[field.leaves[:n]] |= FIELD_LEAF
+    flags[field.accepting[:n]] |= FIELD_ACCEPTING
+    flags[field.exit_nodes] |= FIELD_EXITS
+    return flags
+
+
 def text_array(text: str) -> npt.NDArray[np.uint8]:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 

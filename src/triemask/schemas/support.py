@@ -151,49 +151,56 @@ class VocabularySupport:
         self.grammar_compiler = xgrammar.GrammarCompiler(self.info, cache_enabled=False)
         self._pieces: BoundedLRU[tuple[bytes, bytes], Pieces] = BoundedLRU(8)  # a handful of byte sets in practice
         self._skeletons: BoundedLRU[Hashable, Skeleton] = BoundedLRU(SKELETON_CACHE_BYTES)
-        self._step_tables: BoundedLRU[frozenset[int], Any] = BoundedLRU(64)  # by crossing tokens
+        self._plain_tables: Any = None  # the step tables of every schema without trie fields
         self._lock = threading.Lock()
 
     @cached_property
-    def _step_parts(self) -> dict[str, Any]:
-        """The vocabulary's part of every schema's :meth:`step_tables` (shared, not copied)."""
+    def lex_tables(self) -> Any:
+        """The vocabulary's part of every schema's :meth:`step_tables` (``_native.LexTables``:
+        the tokens, the lexer's tables, the extra tokens' words), or None without the C
+        extension."""
+        native = kernels.KERNELS
+        if native is None:
+            return None
         eos = np.zeros(self.vocab.vocab_size, dtype=np.uint8)
         eos[list(self.vocab.eos_token_ids)] = 1
         lo, hi = self.pseudo_words
         keep = self.lexical.string_keep
         states, words = np.nonzero(keep != -1)  # the words a state's keep row changes, by state
-        return {
-            "tokens": tuple(self.tokens),
-            "after": b"".join(self.lexical.after),
-            "keep": keep,
-            "sparse_offsets": np.searchsorted(states, np.arange(len(keep) + 1)).astype(np.int64),
-            "sparse_words": words.astype(np.int32),
-            "sparse_masks": keep[states, words],
-            "eos": eos,
-            "pseudo_keep": np.ascontiguousarray(self.pseudo_keep),
-            "vocab_size": self.vocab.vocab_size,
-            "xgr_width": self.xgr_width,
-            "pseudo_lo": lo,
-            "pseudo_hi": hi,
-            "inline_pseudo": self.inline,
-        }
+        return native.LexTables(
+            tokens=tuple(self.tokens),
+            after=b"".join(self.lexical.after),
+            keep=keep,
+            eos=eos,
+            pseudo_keep=np.ascontiguousarray(self.pseudo_keep),
+            sparse_offsets=np.searchsorted(states, np.arange(len(keep) + 1)).astype(np.int64),
+            sparse_words=words.astype(np.int32),
+            sparse_masks=keep[states, words],
+            vocab_size=self.vocab.vocab_size,
+            xgr_width=self.xgr_width,
+            pseudo_lo=lo,
+            pseudo_hi=hi,
+            inline_pseudo=self.inline,
+        )
 
-    def step_tables(self, crossing: frozenset[int]) -> Any:
-        """What the C structural step of a schema reads (``_native.StepTables``: the
-        tokens, the lexer's tables, the extra tokens' words, and ``crossing``, the tokens
-        that may enter one of the schema's fields), or None without the C extension. Shared
-        by the schemas of one set of crossing tokens (every schema without trie fields)."""
+    def step_tables(self, crossing: frozenset[int], fields: tuple[tuple[Any, Any], ...]) -> Any:
+        """What the C steps of a schema read (``_native.StepTables``: :attr:`lex_tables`;
+        ``crossing``, the tokens that may enter one of its fields; per field, its trie's kernel
+        and flags by node), or None without the C extension. One, shared, for every schema
+        without trie fields."""
         native = kernels.KERNELS
         if native is None:
             return None
-        with self._lock:
-            found = self._step_tables.get(crossing)
-        if found is None:
+        if crossing or fields:
             flags = np.zeros(len(self.tokens), dtype=np.uint8)
             flags[np.fromiter(crossing, dtype=np.int64, count=len(crossing))] = 1
-            built = native.StepTables(crossing=flags, **self._step_parts)
+            return native.StepTables(lex=self.lex_tables, crossing=flags, fields=fields)
+        with self._lock:
+            found = self._plain_tables
+        if found is None:
+            built = native.StepTables(lex=self.lex_tables, crossing=np.zeros(len(self.tokens), np.uint8), fields=())
             with self._lock:
-                found = self._step_tables.setdefault(crossing, built)
+                found = self._plain_tables = self._plain_tables or built
         return found
 
     def skeleton(self, key: Hashable) -> Skeleton | None:

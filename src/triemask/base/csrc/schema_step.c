@@ -1,25 +1,26 @@
 /* ------------------------------------------------------------------ schema steps */
 
-/* The common step of a mixed schema (triemask.schemas), in C: the output is in the JSON
- * structure that xgrammar follows (one structural configuration) and the token cannot enter
- * an enum field. That is every step of a schema without trie fields and most steps of the
- * others, so it must cost what xgrammar's own step costs:
+/* The common steps of a mixed schema (triemask.schemas), in C. Most steps have one
+ * configuration, and it is one of two kinds:
  *
- *   accept_token: the JSON lexer's table lookup (strict JSON), then xgrammar's accept_token;
- *   fill:         xgrammar's fill into the caller's row (or the scratch row, where the extra
- *                 tokens of structural prefixes do not fit in the model's padding ids), then
- *                 the lexer's keep row ANDed in.
+ *   in the JSON structure that xgrammar follows, with a token that cannot enter an enum field
+ *   (every step of a schema without trie fields): accept is the JSON lexer's table lookup
+ *   (strict JSON) and xgrammar's accept_token; fill is xgrammar's fill into the caller's row
+ *   (or the scratch row, where the extra tokens of structural prefixes do not fit in the
+ *   model's padding ids), then the lexer's keep row ANDed in;
+ *   inside a field's value, at a trie node where no value ends and after which none does
+ *   next (nor a final state: EOS): accept is the lexer's lookup and one trie step (the next
+ *   configuration made here), fill is the trie's row (the set kernel's fill_one).
  *
- * xgrammar is called through the nanobind handle of its GrammarMatcher (matcher._handle),
- * the cheapest interface it offers: no Python frame of its wrapper. Everything else (a field
- * in reach: an extra token's bit set after the fill; a token that may cross into a field;
- * configurations inside a value or several readings; a buffer other than a C-contiguous int32
- * ndarray of the row width; any argument that is not an exact int) goes to the Python methods
- * _accept_token_reference and _fill_reference of SchemaMatcher, the reference implementation,
- * which the tests compare this against.
+ * xgrammar is called through the handle of its GrammarMatcher (matcher._handle), the cheapest
+ * interface it offers: no Python frame of its wrapper. Everything else (a field in reach: an
+ * extra token's bit set after the fill; a token that may cross into a field; a value that may
+ * end; several readings; a buffer other than a C-contiguous int32 ndarray of the row width;
+ * an argument that is not an exact int) goes to the Python methods _accept_token_reference and
+ * _fill_reference of SchemaMatcher, the reference implementation, which
+ * tests/test_schema_native.py compares this against at every step of random walks.
  *
- * StepTables: what those steps read, one per compiled schema (built by
- * triemask.schemas.CompiledSchema, checked here once):
+ * LexTables: a vocabulary's part, built once per vocabulary and checked here once:
  *
  *   tokens        tuple, by token id < n: the token's bytes, or None (special tokens)
  *   after         uint8 [LEX_STATES * n]: the lexer state after token t from state s, at
@@ -30,61 +31,67 @@
  *   sparse_*      the same rows as CSR (offsets int64 [LEX_STATES + 1], words and masks int32):
  *                 the words where a state's row is not all ones, ANDed one by one where they are
  *                 few (outside strings: about 300 of Qwen's 4,748 words)
- *   crossing      uint8 [n]: 1 where the token may enter a field of this schema
  *   eos           uint8 [vocab_size]: 1 for the end-of-sequence ids
  *   pseudo_keep   int32 [pseudo_hi - pseudo_lo]: in xgrammar's words pseudo_lo .. pseudo_hi,
  *                 the bits of real tokens (the others are the extra tokens)
  *
+ * StepTables: one compiled schema's part: its LexTables, `crossing` (uint8 [n]: 1 where the
+ * token may enter one of its fields) and per field (Kernel, flags: uint8 by trie node,
+ * FIELD_LEAF | FIELD_ACCEPTING | FIELD_EXITS, the last where a value may end inside a token).
+ *
  * SchemaCore: the base class of SchemaMatcher, holding its per-request fields as attributes
  * (_schema, _configs, _history, _output, _lexer, _filled, _scratch, _scratch_width), which the
- * Python code reads and writes as before. The xgrammar handle and the tables of the current
- * configurations are looked up when _configs is another list than at the last call, and kept.
+ * Python code reads and writes as before. What the current configurations are is looked up
+ * when _configs is another list than at the last call, and kept.
  */
 
 enum { LEX_STATES = 10, STRUCT_FIELD = -1 };
+enum { FIELD_LEAF = 1, FIELD_ACCEPTING = 2, FIELD_EXITS = 4 }; /* a field node's flags */
 
 typedef struct {
     PyObject_HEAD
     PyObject *tokens; /* tuple */
-    Py_buffer after, keep, crossing, eos, pseudo_keep, sparse_offsets, sparse_words, sparse_masks;
+    Py_buffer after, keep, eos, pseudo_keep, sparse_offsets, sparse_words, sparse_masks;
     Py_ssize_t n, vocab_size, width, xgr_width, pseudo_lo, pseudo_hi;
-    int sparse[LEX_STATES]; /* whether a state's row is ANDed word by word from the CSR */
     int inline_pseudo;
-} StepTables;
+    int sparse[LEX_STATES]; /* whether a state's row is ANDed word by word from the CSR */
+} LexTables;
 
-static void StepTables_dealloc(StepTables *self) {
-    Py_buffer *views[] = {&self->after,          &self->keep,         &self->crossing,
-                          &self->eos,            &self->pseudo_keep,  &self->sparse_offsets,
-                          &self->sparse_words,   &self->sparse_masks};
-    for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++) {
-        if (views[i]->obj != NULL) {
-            PyBuffer_Release(views[i]);
+static void release_views(Py_buffer *views, size_t count) {
+    for (size_t i = 0; i < count; i++) {
+        if (views[i].obj != NULL) {
+            PyBuffer_Release(&views[i]);
         }
     }
+}
+
+static void LexTables_dealloc(LexTables *self) {
+    Py_buffer views[] = {self->after,       self->keep,           self->eos,         self->pseudo_keep,
+                         self->sparse_offsets, self->sparse_words, self->sparse_masks};
+    release_views(views, sizeof(views) / sizeof(views[0]));
     Py_CLEAR(self->tokens);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
-    PyObject *tokens, *after, *keep, *crossing, *eos, *pseudo_keep, *sparse_offsets, *sparse_words, *sparse_masks;
+static int LexTables_init(LexTables *self, PyObject *args, PyObject *kwds) {
+    PyObject *tokens, *after, *keep, *eos, *pseudo_keep, *sparse_offsets, *sparse_words, *sparse_masks;
     Py_ssize_t vocab_size, xgr_width, pseudo_lo, pseudo_hi;
     int inline_pseudo;
-    static char *names[] = {"tokens",         "after",        "keep",         "crossing",   "eos",
-                            "pseudo_keep",    "sparse_offsets", "sparse_words", "sparse_masks", "vocab_size",
-                            "xgr_width",      "pseudo_lo",    "pseudo_hi",    "inline_pseudo", NULL};
+    static char *names[] = {"tokens",       "after",        "keep",       "eos",       "pseudo_keep",
+                            "sparse_offsets", "sparse_words", "sparse_masks", "vocab_size", "xgr_width",
+                            "pseudo_lo",    "pseudo_hi",    "inline_pseudo", NULL};
     if (self->tokens != NULL) {
-        PyErr_SetString(PyExc_TypeError, "StepTables are built once");
+        PyErr_SetString(PyExc_TypeError, "LexTables are built once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOOnnnnp", names, &PyTuple_Type, &tokens, &after, &keep,
-                                     &crossing, &eos, &pseudo_keep, &sparse_offsets, &sparse_words, &sparse_masks,
-                                     &vocab_size, &xgr_width, &pseudo_lo, &pseudo_hi, &inline_pseudo)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOOOOOOnnnnp", names, &PyTuple_Type, &tokens, &after, &keep,
+                                     &eos, &pseudo_keep, &sparse_offsets, &sparse_words, &sparse_masks, &vocab_size,
+                                     &xgr_width, &pseudo_lo, &pseudo_hi, &inline_pseudo)) {
         return -1;
     }
-    PyObject *sources[] = {after, keep, crossing, eos, pseudo_keep, sparse_offsets, sparse_words, sparse_masks};
-    Py_buffer *views[] = {&self->after,          &self->keep,         &self->crossing,
-                          &self->eos,            &self->pseudo_keep,  &self->sparse_offsets,
-                          &self->sparse_words,   &self->sparse_masks};
+    PyObject *sources[] = {after, keep, eos, pseudo_keep, sparse_offsets, sparse_words, sparse_masks};
+    Py_buffer *views[] = {&self->after,          &self->keep,         &self->eos,         &self->pseudo_keep,
+                          &self->sparse_offsets, &self->sparse_words, &self->sparse_masks};
     for (size_t i = 0; i < sizeof(views) / sizeof(views[0]); i++) {
         if (PyObject_GetBuffer(sources[i], views[i], PyBUF_C_CONTIGUOUS) < 0) {
             return -1;
@@ -92,8 +99,8 @@ static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     }
     Py_ssize_t n = PyTuple_GET_SIZE(tokens), width = (vocab_size + 31) / 32;
     int bad = vocab_size < 1 || n > vocab_size || self->after.len != LEX_STATES * n ||
-              self->keep.len != (Py_ssize_t)sizeof(int32_t) * LEX_STATES * width || self->crossing.len != n ||
-              self->eos.len != vocab_size || pseudo_lo < 0 || pseudo_hi < pseudo_lo || pseudo_hi > xgr_width ||
+              self->keep.len != (Py_ssize_t)sizeof(int32_t) * LEX_STATES * width || self->eos.len != vocab_size ||
+              pseudo_lo < 0 || pseudo_hi < pseudo_lo || pseudo_hi > xgr_width ||
               self->pseudo_keep.len != (Py_ssize_t)sizeof(int32_t) * (pseudo_hi - pseudo_lo) ||
               (inline_pseudo ? xgr_width != width : (xgr_width <= width || pseudo_lo < width));
     const uint8_t *states = (const uint8_t *)self->after.buf;
@@ -129,12 +136,97 @@ static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     return 0;
 }
 
+static PyTypeObject LexTablesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "triemask.base._native.LexTables",
+    .tp_basicsize = sizeof(LexTables),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A vocabulary's tables for the C steps of mixed schemas (see schema_step.c).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)LexTables_init,
+    .tp_dealloc = (destructor)LexTables_dealloc,
+};
+
+typedef struct {
+    PyObject_HEAD
+    LexTables *lex;
+    Py_buffer crossing;
+    PyObject *fields;        /* tuple of (Kernel, flags) */
+    Py_ssize_t n_fields;
+    Kernel **kernels;        /* borrowed from `fields` */
+    Py_buffer *flags;        /* one per field: uint8 by node */
+} StepTables;
+
+static void StepTables_dealloc(StepTables *self) {
+    if (self->crossing.obj != NULL) {
+        PyBuffer_Release(&self->crossing);
+    }
+    if (self->flags != NULL) {
+        release_views(self->flags, (size_t)self->n_fields);
+    }
+    PyMem_Free(self->flags);
+    PyMem_Free(self->kernels);
+    Py_CLEAR(self->fields);
+    Py_CLEAR(self->lex);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
+    PyObject *lex, *crossing, *fields;
+    static char *names[] = {"lex", "crossing", "fields", NULL};
+    if (self->lex != NULL) {
+        PyErr_SetString(PyExc_TypeError, "StepTables are built once");
+        return -1;
+    }
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!", names, &LexTablesType, &lex, &crossing, &PyTuple_Type,
+                                     &fields)) {
+        return -1;
+    }
+    if (PyObject_GetBuffer(crossing, &self->crossing, PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    const LexTables *l = (const LexTables *)lex;
+    Py_ssize_t n_fields = PyTuple_GET_SIZE(fields);
+    self->kernels = PyMem_Calloc((size_t)n_fields + 1, sizeof(Kernel *));
+    self->flags = PyMem_Calloc((size_t)n_fields + 1, sizeof(Py_buffer));
+    if (self->kernels == NULL || self->flags == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->n_fields = n_fields;
+    int bad = self->crossing.len != l->n;
+    for (Py_ssize_t k = 0; !bad && k < n_fields; k++) {
+        PyObject *field = PyTuple_GET_ITEM(fields, k);
+        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 2 ||
+            Py_TYPE(PyTuple_GET_ITEM(field, 0)) != &KernelType) {
+            bad = 1;
+            break;
+        }
+        Kernel *kernel = (Kernel *)PyTuple_GET_ITEM(field, 0);
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(field, 1), &self->flags[k], PyBUF_C_CONTIGUOUS) < 0) {
+            return -1;
+        }
+        /* one flag per node (a final state, reached by an EOS token, has none: it defers) */
+        bad = kernel->width != l->width || self->flags[k].len != kernel->num_nodes;
+        self->kernels[k] = kernel;
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "schema step tables of inconsistent sizes or lexer states out of range");
+        return -1;
+    }
+    Py_INCREF(lex);
+    self->lex = (LexTables *)lex;
+    Py_INCREF(fields);
+    self->fields = fields;
+    return 0;
+}
+
 static PyTypeObject StepTablesType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "triemask.base._native.StepTables",
     .tp_basicsize = sizeof(StepTables),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "What the structural step of a mixed schema reads in C (see schema_step.c).",
+    .tp_doc = "What the C steps of one mixed schema read (see schema_step.c).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)StepTables_init,
     .tp_dealloc = (destructor)StepTables_dealloc,
@@ -144,10 +236,16 @@ typedef struct {
     PyObject_HEAD
     PyObject *schema, *configs, *history, *output, *filled, *scratch;
     long long lexer, scratch_width;
-    /* for `resolved` (a strong reference, so that its address names it): the xgrammar handle
-     * and matcher of its one structural configuration and that schema's tables, or NULL */
-    PyObject *resolved, *handle, *matcher, *tables;
+    /* what `resolved` (a strong reference, so that its address names it) is: one structural
+     * configuration (its xgrammar matcher and handle), or one inside field `field` at trie
+     * node `node` (the configuration, for the next one), with its schema's tables; or neither */
+    PyObject *resolved, *handle, *matcher, *config, *tables;
+    int kind;
+    Py_ssize_t field;
+    int64_t node;
 } SchemaCore;
+
+enum { RESOLVED_OTHER = 0, RESOLVED_STRUCT = 1, RESOLVED_ENUM = 2 };
 
 static PyObject *str_handle, *str_step_tables, *str_accept_token, *str_fill_next_token_bitmask, *str_batch_fill;
 static PyObject *small_zero;
@@ -156,7 +254,9 @@ static void SchemaCore_forget(SchemaCore *self) {
     Py_CLEAR(self->resolved);
     Py_CLEAR(self->handle);
     Py_CLEAR(self->matcher);
+    Py_CLEAR(self->config);
     Py_CLEAR(self->tables);
+    self->kind = RESOLVED_OTHER;
 }
 
 static void SchemaCore_dealloc(SchemaCore *self) {
@@ -170,113 +270,58 @@ static void SchemaCore_dealloc(SchemaCore *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* 1 when the configurations are one structural configuration (self->handle, ->tables set),
- * 0 when not (or on an error of the lookups, cleared: the reference decides), never -1. */
-static int SchemaCore_structural(SchemaCore *self) {
+/* What the configurations are (RESOLVED_*), looked up when they are another list than at the
+ * last call. An error of the lookups is cleared and gives RESOLVED_OTHER: the reference decides. */
+static int SchemaCore_resolve(SchemaCore *self) {
     PyObject *configs = self->configs;
-    if (configs == NULL) {
-        return 0;
+    if (configs == NULL || self->lexer < 0 || self->lexer >= LEX_STATES) {
+        return RESOLVED_OTHER;
     }
     if (configs == self->resolved) {
-        return self->handle != NULL;
+        return self->kind;
     }
     SchemaCore_forget(self);
     Py_INCREF(configs);
     self->resolved = configs;
     if (!PyList_CheckExact(configs) || PyList_GET_SIZE(configs) != 1) {
-        return 0;
+        return RESOLVED_OTHER;
     }
     PyObject *config = PyList_GET_ITEM(configs, 0);
-    int64_t field;
+    int64_t field, node;
     if (!PyTuple_Check(config) || PyTuple_GET_SIZE(config) != 6 || !exact_int(PyTuple_GET_ITEM(config, 2), &field) ||
-        field != STRUCT_FIELD) {
-        return 0;
+        !exact_int(PyTuple_GET_ITEM(config, 3), &node)) {
+        return RESOLVED_OTHER;
     }
     PyObject *tables = PyObject_GetAttr(PyTuple_GET_ITEM(config, 0), str_step_tables);
-    PyObject *handle = PyObject_GetAttr(PyTuple_GET_ITEM(config, 1), str_handle);
-    if (tables == NULL || handle == NULL || Py_TYPE(tables) != &StepTablesType) {
+    if (tables == NULL || Py_TYPE(tables) != &StepTablesType) {
         PyErr_Clear();
         Py_XDECREF(tables);
-        Py_XDECREF(handle);
-        return 0;
+        return RESOLVED_OTHER;
+    }
+    const StepTables *t = (const StepTables *)tables;
+    if (field == STRUCT_FIELD) {
+        PyObject *handle = PyObject_GetAttr(PyTuple_GET_ITEM(config, 1), str_handle);
+        if (handle == NULL) {
+            PyErr_Clear();
+            Py_DECREF(tables);
+            return RESOLVED_OTHER;
+        }
+        self->handle = handle;
+        Py_INCREF(PyTuple_GET_ITEM(config, 1));
+        self->matcher = PyTuple_GET_ITEM(config, 1);
+        self->kind = RESOLVED_STRUCT;
+    } else if (field >= 0 && field < t->n_fields && node >= 0 && node < t->kernels[field]->num_nodes) {
+        self->field = (Py_ssize_t)field;
+        self->node = node;
+        Py_INCREF(config);
+        self->config = config;
+        self->kind = RESOLVED_ENUM;
+    } else {
+        Py_DECREF(tables);
+        return RESOLVED_OTHER;
     }
     self->tables = tables;
-    self->handle = handle;
-    Py_INCREF(PyTuple_GET_ITEM(config, 1));
-    self->matcher = PyTuple_GET_ITEM(config, 1);
-    return 1;
-}
-
-static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args, Py_ssize_t nargs,
-                                         PyObject *kwnames) {
-    int64_t token;
-    if (kwnames == NULL && nargs != 1) {
-        PyErr_Format(PyExc_TypeError, "accept_token() takes 1 argument (token_id), got %zd", nargs);
-        return NULL;
-    }
-    if (kwnames != NULL || !exact_int(args[0], &token) || self->history == NULL || self->output == NULL ||
-        !PyByteArray_CheckExact(self->output) || self->lexer < 0 || self->lexer >= LEX_STATES ||
-        !SchemaCore_structural(self)) {
-        return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
-    }
-    const StepTables *t = (const StepTables *)self->tables;
-    if (token < 0 || token >= t->vocab_size) {
-        Py_RETURN_FALSE;
-    }
-    PyObject *data = token < t->n ? PyTuple_GET_ITEM(t->tokens, token) : Py_None;
-    long long lexer = self->lexer;
-    if (data != Py_None) {
-        if (!PyBytes_CheckExact(data)) {
-            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
-        }
-        lexer = ((const uint8_t *)t->after.buf)[self->lexer * t->n + token];
-        if (lexer == LEX_STATES) {
-            Py_RETURN_FALSE;
-        }
-        /* a token that may enter a field needs every reading, unless the last fill found
-         * that no field can be entered from these configurations */
-        if (((const uint8_t *)t->crossing.buf)[token] && self->filled != self->configs) {
-            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
-        }
-    } else if (!((const uint8_t *)t->eos.buf)[token]) {
-        Py_RETURN_FALSE;
-    }
-    PyObject *call[] = {self->handle, args[0], Py_False};
-    PyObject *accepted = PyObject_VectorcallMethod(str_accept_token, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-    if (accepted == NULL) {
-        return NULL;
-    }
-    int ok = PyObject_IsTrue(accepted);
-    Py_DECREF(accepted);
-    if (ok <= 0) {
-        return ok < 0 ? NULL : (Py_INCREF(Py_False), Py_False);
-    }
-    /* (configurations, output length, lexer state, the matcher advanced in place) */
-    PyObject *length = PyLong_FromSsize_t(PyByteArray_GET_SIZE(self->output));
-    PyObject *state = PyLong_FromLongLong(self->lexer);
-    PyObject *entry = length && state ? PyTuple_Pack(4, self->configs, length, state, self->matcher) : NULL;
-    Py_XDECREF(length);
-    Py_XDECREF(state);
-    if (entry == NULL) {
-        return NULL;
-    }
-    PyObject *done = PyObject_CallMethodOneArg(self->history, str_append, entry);
-    Py_DECREF(entry);
-    if (done == NULL) {
-        return NULL;
-    }
-    Py_DECREF(done);
-    self->lexer = lexer;
-    Py_INCREF(Py_None);
-    Py_SETREF(self->filled, Py_None); /* the state moved: what the last fill found no longer holds */
-    if (data != Py_None && PyBytes_GET_SIZE(data) > 0) {
-        Py_ssize_t before = PyByteArray_GET_SIZE(self->output);
-        if (PyByteArray_Resize(self->output, before + PyBytes_GET_SIZE(data)) < 0) {
-            return NULL;
-        }
-        memcpy(PyByteArray_AS_STRING(self->output) + before, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
-    }
-    Py_RETURN_TRUE;
+    return self->kind;
 }
 
 /* out = from & keep over n words (`from` may be `out`). Kept out of line: GCC vectorises
@@ -292,47 +337,195 @@ static NOINLINE void and_words(int32_t *out, const int32_t *from, const int32_t 
     }
 }
 
+/* out = from & the lexer's keep row of `state` (`from` may be `out`; word by word where the
+ * row changes few words, else one vectorised pass) */
+static void and_keep(const LexTables *l, long long state, const int32_t *from, int32_t *out) {
+    if (l->sparse[state]) {
+        const int64_t *offsets = (const int64_t *)l->sparse_offsets.buf;
+        const int32_t *words = (const int32_t *)l->sparse_words.buf, *masks = (const int32_t *)l->sparse_masks.buf;
+        if (from != out) {
+            memcpy(out, from, sizeof(int32_t) * (size_t)l->width);
+        }
+        for (int64_t i = offsets[state]; i < offsets[state + 1]; i++) {
+            out[words[i]] &= masks[i];
+        }
+    } else {
+        and_words(out, from, (const int32_t *)l->keep.buf + state * l->width, l->width);
+    }
+}
+
+/* Append (configurations, output length, lexer state, advanced) to the history, then make
+ * the step: configurations `following` (NULL: unchanged), the lexer state, the token's bytes. */
+static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *following, long long lexer,
+                           PyObject *data) {
+    PyObject *length = PyLong_FromSsize_t(PyByteArray_GET_SIZE(self->output));
+    PyObject *state = PyLong_FromLongLong(self->lexer);
+    PyObject *entry = length && state ? PyTuple_Pack(4, self->configs, length, state, advanced) : NULL;
+    Py_XDECREF(length);
+    Py_XDECREF(state);
+    if (entry == NULL) {
+        return -1;
+    }
+    PyObject *done = PyObject_CallMethodOneArg(self->history, str_append, entry);
+    Py_DECREF(entry);
+    if (done == NULL) {
+        return -1;
+    }
+    Py_DECREF(done);
+    if (data != Py_None && PyBytes_GET_SIZE(data) > 0) {
+        Py_ssize_t before = PyByteArray_GET_SIZE(self->output);
+        if (PyByteArray_Resize(self->output, before + PyBytes_GET_SIZE(data)) < 0) {
+            return -1;
+        }
+        memcpy(PyByteArray_AS_STRING(self->output) + before, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+    }
+    if (following != NULL) {
+        Py_INCREF(following);
+        Py_SETREF(self->configs, following);
+    }
+    self->lexer = lexer;
+    Py_INCREF(Py_None);
+    Py_SETREF(self->filled, Py_None); /* the state moved: what the last fill found no longer holds */
+    return 0;
+}
+
+/* The configuration at trie node `node` of the same field, value start and cache as `config`
+ * (a tuple subclass: Configuration). */
+static PyObject *config_at(PyObject *config, int64_t node) {
+    PyTypeObject *type = Py_TYPE(config);
+    PyObject *number = PyLong_FromLongLong(node);
+    PyObject *made = number == NULL ? NULL : type->tp_alloc(type, 6);
+    if (made == NULL) {
+        Py_XDECREF(number);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < 6; i++) {
+        PyObject *item = i == 3 ? number : PyTuple_GET_ITEM(config, i);
+        if (i != 3) {
+            Py_INCREF(item);
+        }
+        PyTuple_SET_ITEM(made, i, item);
+    }
+    return made;
+}
+
+static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args, Py_ssize_t nargs,
+                                         PyObject *kwnames) {
+    int64_t token;
+    if (kwnames == NULL && nargs != 1) {
+        PyErr_Format(PyExc_TypeError, "accept_token() takes 1 argument (token_id), got %zd", nargs);
+        return NULL;
+    }
+    int kind = RESOLVED_OTHER;
+    if (kwnames == NULL && exact_int(args[0], &token) && self->history != NULL && self->output != NULL &&
+        PyByteArray_CheckExact(self->output)) {
+        kind = SchemaCore_resolve(self);
+    }
+    if (kind == RESOLVED_OTHER) {
+        return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+    }
+    const StepTables *t = (const StepTables *)self->tables;
+    const LexTables *l = t->lex;
+    if (token < 0 || token >= l->vocab_size) {
+        Py_RETURN_FALSE;
+    }
+    PyObject *data = token < l->n ? PyTuple_GET_ITEM(l->tokens, token) : Py_None;
+    long long lexer = self->lexer;
+    if (data != Py_None) {
+        if (!PyBytes_CheckExact(data)) {
+            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+        }
+        lexer = ((const uint8_t *)l->after.buf)[self->lexer * l->n + token];
+        if (lexer == LEX_STATES) {
+            Py_RETURN_FALSE;
+        }
+    } else if (kind == RESOLVED_ENUM || !((const uint8_t *)l->eos.buf)[token]) {
+        Py_RETURN_FALSE; /* no bytes: EOS ends the structure only, nothing else is a token */
+    }
+    if (kind == RESOLVED_ENUM) {
+        /* one trie step inside the value; where a value may end here or next (exits, a leaf
+         * or an accepting node), the reference follows every reading */
+        const Kernel *kernel = t->kernels[self->field];
+        const uint8_t *flags = (const uint8_t *)t->flags[self->field].buf;
+        if (flags[self->node] & FIELD_EXITS) {
+            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+        }
+        int32_t following = next_of(kernel, self->node, token);
+        if (following == NO_MEMORY) {
+            return PyErr_NoMemory();
+        }
+        if (following < 0) {
+            Py_RETURN_FALSE;
+        }
+        if (following >= kernel->num_nodes || flags[following] & (FIELD_LEAF | FIELD_ACCEPTING)) {
+            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+        }
+        PyObject *config = config_at(self->config, following);
+        PyObject *configs = config == NULL ? NULL : PyList_New(1);
+        if (configs == NULL) {
+            Py_XDECREF(config);
+            return NULL;
+        }
+        PyList_SET_ITEM(configs, 0, config);
+        int failed = SchemaCore_step(self, Py_None, configs, lexer, data);
+        Py_DECREF(configs);
+        if (failed) {
+            return NULL;
+        }
+        Py_RETURN_TRUE;
+    }
+    /* a token that may enter a field needs every reading, unless the last fill found that no
+     * field can be entered from these configurations */
+    if (data != Py_None && ((const uint8_t *)t->crossing.buf)[token] && self->filled != self->configs) {
+        return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+    }
+    PyObject *call[] = {self->handle, args[0], Py_False};
+    PyObject *accepted = PyObject_VectorcallMethod(str_accept_token, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (accepted == NULL) {
+        return NULL;
+    }
+    int ok = PyObject_IsTrue(accepted);
+    Py_DECREF(accepted);
+    if (ok <= 0) {
+        return ok < 0 ? NULL : (Py_INCREF(Py_False), Py_False);
+    }
+    /* xgrammar's matcher advanced in place: rollback undoes it with xgrammar's own rollback */
+    if (SchemaCore_step(self, self->matcher, NULL, lexer, data) < 0) {
+        return NULL;
+    }
+    Py_RETURN_TRUE;
+}
+
 /* What follows xgrammar's fill of a structural row (`xgr`, xgrammar's words): 0 to defer when
  * an extra token's bit is set (a field may be entered: the reference fills the row again),
- * else the row `out` written (xgrammar's words ANDed with the lexer's keep row) and 1. */
+ * else the row `out` written (xgrammar's words with the lexer's keep row) and 1. */
 static int SchemaCore_finish_row(SchemaCore *self, const int32_t *xgr, int32_t *out) {
-    const StepTables *t = (const StepTables *)self->tables;
-    const int32_t *pseudo_keep = (const int32_t *)t->pseudo_keep.buf;
+    const LexTables *l = ((const StepTables *)self->tables)->lex;
+    const int32_t *pseudo_keep = (const int32_t *)l->pseudo_keep.buf;
     int32_t pseudo = 0;
-    for (Py_ssize_t w = t->pseudo_lo; w < t->pseudo_hi; w++) {
-        pseudo |= xgr[w] & ~pseudo_keep[w - t->pseudo_lo];
+    for (Py_ssize_t w = l->pseudo_lo; w < l->pseudo_hi; w++) {
+        pseudo |= xgr[w] & ~pseudo_keep[w - l->pseudo_lo];
     }
     if (pseudo) {
         return 0;
     }
-    if (t->sparse[self->lexer]) {
-        const int64_t *offsets = (const int64_t *)t->sparse_offsets.buf;
-        const int32_t *words = (const int32_t *)t->sparse_words.buf, *masks = (const int32_t *)t->sparse_masks.buf;
-        if (xgr != out) {
-            memcpy(out, xgr, sizeof(int32_t) * (size_t)t->width);
-        }
-        for (int64_t i = offsets[self->lexer]; i < offsets[self->lexer + 1]; i++) {
-            out[words[i]] &= masks[i];
-        }
-    } else {
-        and_words(out, xgr, (const int32_t *)t->keep.buf + self->lexer * t->width, t->width);
-    }
+    and_keep(l, self->lexer, xgr, out);
     Py_INCREF(self->configs);
     Py_SETREF(self->filled, self->configs); /* no field can be entered from these configurations */
     return 1;
 }
 
-/* The structural fill into `out` (width words); 1 done, 0 to defer (an extra token's bit is
- * set: a field may be entered), -1 on an error. `bitmask`, `row`: the caller's. */
+/* The structural fill into `out` (width words); 1 done, 0 to defer, -1 on an error.
+ * `bitmask`, `row`: the caller's. */
 static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObject *row, int32_t *out) {
-    const StepTables *t = (const StepTables *)self->tables;
+    const LexTables *l = ((const StepTables *)self->tables)->lex;
     const int32_t *xgr = out;
     PyObject *target = bitmask, *index = row;
-    if (!t->inline_pseudo) {
+    if (!l->inline_pseudo) {
         const ArrayHeader *s = (const ArrayHeader *)self->scratch;
         if (self->scratch == NULL || Py_TYPE(self->scratch) != ndarray_type || s->descr != int32_descr ||
             s->nd != 2 || !(s->flags & ARRAY_C_CONTIGUOUS) || !(s->flags & ARRAY_WRITEABLE) ||
-            s->dimensions[0] < 1 || s->dimensions[1] != t->xgr_width) {
+            s->dimensions[0] < 1 || s->dimensions[1] != l->xgr_width) {
             return 0;
         }
         target = self->scratch;
@@ -349,19 +542,44 @@ static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObj
     return SchemaCore_finish_row(self, xgr, out);
 }
 
+/* The fill inside a field's value, at a node where no value ends (no exits): the trie's row;
+ * 1 done, 0 to defer, -1 on an error. The lexer's keep row is not ANDed in: the trie spells
+ * the values' JSON texts from the value's first byte, and each text is strict JSON in UTF-8
+ * (control characters escaped, no surrogate, no 0xFF: schemas.reading checks the values and
+ * the finite patterns), so the lexer refuses none of its tokens; the reference ANDs it, and
+ * tests/test_schema_native.py finds the masks equal. */
+static int SchemaCore_fill_enum(SchemaCore *self, int32_t *out) {
+    const StepTables *t = (const StepTables *)self->tables;
+    if (((const uint8_t *)t->flags[self->field].buf)[self->node] & FIELD_EXITS) {
+        return 0;
+    }
+    if (fill_one(t->kernels[self->field], out, self->node) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_INCREF(Py_None);
+    Py_SETREF(self->filled, Py_None); /* inside a value: the next token is read every way */
+    return 1;
+}
+
 static PyObject *SchemaCore_fill(SchemaCore *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     int64_t row = 0;
     int done = 0;
+    int kind = RESOLVED_OTHER;
     if (nargs >= 1 && nargs <= 2 && kwnames == NULL && ndarray_type != NULL && Py_TYPE(args[0]) == ndarray_type &&
-        (nargs == 1 || exact_int(args[1], &row)) && self->lexer >= 0 && self->lexer < LEX_STATES &&
-        SchemaCore_structural(self)) {
+        (nargs == 1 || exact_int(args[1], &row))) {
+        kind = SchemaCore_resolve(self);
+    }
+    if (kind != RESOLVED_OTHER) {
         const ArrayHeader *h = (const ArrayHeader *)args[0];
         const int needed = ARRAY_C_CONTIGUOUS | ARRAY_ALIGNED | ARRAY_WRITEABLE;
-        const StepTables *t = (const StepTables *)self->tables;
-        if (h->descr == int32_descr && h->nd == 2 && (h->flags & needed) == needed && h->dimensions[1] == t->width &&
+        const Py_ssize_t width = ((const StepTables *)self->tables)->lex->width;
+        if (h->descr == int32_descr && h->nd == 2 && (h->flags & needed) == needed && h->dimensions[1] == width &&
             row >= 0 && row < h->dimensions[0]) {
-            PyObject *index = nargs == 2 ? args[1] : small_zero;
-            done = SchemaCore_fill_structural(self, args[0], index, (int32_t *)h->data + row * t->width);
+            int32_t *out = (int32_t *)h->data + row * width;
+            done = kind == RESOLVED_ENUM ? SchemaCore_fill_enum(self, out)
+                                         : SchemaCore_fill_structural(self, args[0], nargs == 2 ? args[1] : small_zero,
+                                                                      out);
         }
     }
     if (done < 0) {
@@ -442,11 +660,11 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
             continue;
         }
         SchemaCore *m = (SchemaCore *)item;
-        if (m->lexer < 0 || m->lexer >= LEX_STATES || !SchemaCore_structural(m)) {
-            continue;
+        if (SchemaCore_resolve(m) != RESOLVED_STRUCT) {
+            continue; /* (inside a value: its own fill below, in C where it can) */
         }
-        const StepTables *t = (const StepTables *)m->tables;
-        if (!t->inline_pseudo || h->dimensions[1] != t->width || row < 0 || row >= h->dimensions[0]) {
+        const LexTables *l = ((const StepTables *)m->tables)->lex;
+        if (!l->inline_pseudo || h->dimensions[1] != l->width || row < 0 || row >= h->dimensions[0]) {
             continue;
         }
         if (PyList_Append(handles, m->handle) < 0 || PyList_Append(indices, PyList_GET_ITEM(rows, i)) < 0) {
