@@ -15,15 +15,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import byte_vocabulary
 from test_schema_strictness import FREE, STRICT_MERGES, TRIE
 from triemask import BitmaskError, Compiler, Matcher, SchemaMatcher, StateError, Vocabulary, fill_next_token_bitmasks
 from triemask.automata import native_kernel
 from triemask.base import kernels
+from triemask.schemas.json_lexer import LEX_REFUSED, Lexical, lex_reference
+from triemask.schemas.structure import VALUE_FIRST, value_end_offsets, value_ends, value_start_offsets, value_starts
 
 pytest.importorskip("xgrammar")
-pytestmark = pytest.mark.skipif(kernels.KERNELS is None, reason="the C extension is not built")
+native_only = pytest.mark.skipif(kernels.KERNELS is None, reason="the C extension is not built")
 
 # A no-field schema with every JSON value kind, then each free-text flavour beside each trie field.
 EVERY_KIND = {
@@ -69,6 +73,7 @@ def state_of(matcher: SchemaMatcher) -> tuple[Any, ...]:
     return matcher.text, matcher._lexer, len(matcher._configs)
 
 
+@native_only
 @pytest.mark.parametrize("any_whitespace", [False, True])
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_structural_step_equals_the_reference(vocab: Vocabulary, name: str, any_whitespace: bool) -> None:
@@ -111,6 +116,7 @@ def test_structural_step_equals_the_reference(vocab: Vocabulary, name: str, any_
     assert structural_steps > 50
 
 
+@native_only
 def test_batch_equals_rows(vocab: Vocabulary) -> None:
     compiler = Compiler(vocab)
     schemas = [compiler.compile_json_schema(SCHEMAS[name], min_enum_values=2) for name in sorted(SCHEMAS)]
@@ -146,6 +152,7 @@ def test_batch_equals_rows(vocab: Vocabulary) -> None:
     assert np.array_equal(tensor.numpy()[rows], bitmask[rows])
 
 
+@native_only
 def test_odd_arguments_go_to_the_reference(vocab: Vocabulary) -> None:
     compiled = Compiler(vocab).compile_json_schema(EVERY_KIND)
     ours, twin = Matcher(compiled), Matcher(compiled)
@@ -165,6 +172,7 @@ def test_odd_arguments_go_to_the_reference(vocab: Vocabulary) -> None:
         ours.accept_token()  # type: ignore[call-arg]
 
 
+@native_only
 def test_step_tables_are_checked(vocab: Vocabulary) -> None:
     native = kernels.KERNELS
     assert native is not None
@@ -205,3 +213,35 @@ def test_step_tables_are_checked(vocab: Vocabulary) -> None:
     ]:
         with pytest.raises(ValueError, match="schema step tables"):
             native.StepTables(lex=lex, crossing=crossing, fields=fields)
+
+
+# Tokens that glue structure, whitespace, value bytes, control bytes and bytes that are not UTF-8.
+_GLUE = st.lists(st.sampled_from([*b' \t\n"{}[],:\\a0-tn\x01\xed\xa0\xc3\xa9\xff']), max_size=8).map(bytes)
+
+
+@settings(max_examples=60, deadline=None)
+@given(tokens=st.lists(st.one_of(st.none(), _GLUE), min_size=1, max_size=40))
+def test_vocabulary_preparation_equals_the_per_token_reference(tokens: list[bytes | None]) -> None:
+    """The whole-vocabulary passes (the lexer in C, value starts and ends by NumPy) against the
+    per-token Python they replace."""
+    table = [t for t in tokens if t != b""]  # (an empty token is not a vocabulary entry)
+    vocab = Vocabulary([*table, None], eos_token_ids=[len(table)])
+    lengths, offsets, data = vocab.byte_table()
+    texts = [vocab.token_bytes(t) for t in range(len(lengths))]
+    for first in (b'"', VALUE_FIRST):
+        ids, at = value_starts(data, offsets[: len(lengths)], lengths, first)
+        assert list(zip(ids.tolist(), at.tolist(), strict=True)) == [
+            (t, j) for t, text in enumerate(texts) if text for j in value_start_offsets(text, first)
+        ]
+        ids, at = value_ends(data, offsets[: len(lengths)], lengths, first)
+        assert list(zip(ids.tolist(), at.tolist(), strict=True)) == [
+            (t, i) for t, text in enumerate(texts) if text for i in value_end_offsets(text, first)
+        ]
+    lexical = Lexical.of(vocab, (vocab.vocab_size + 31) // 32)
+    after, outside = lex_reference(texts)
+    assert lexical.after == tuple(row.tobytes() for row in after)
+    refused = after == LEX_REFUSED
+    assert np.array_equal(lexical.never, refused.all(axis=0))
+    for state, row in enumerate(refused & ~outside):
+        kept = np.unpackbits(lexical.string_keep[state].view(np.uint8), bitorder="little")[: len(texts)]
+        assert np.array_equal(kept, ~row)

@@ -61,6 +61,8 @@ static PyMethodDef module_methods[] = {
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},
+    {"lex_tokens", lex_tokens, METH_VARARGS,
+     "lex_tokens(data, offsets, lengths, table, outside): the JSON lexer over every token (json_lexer.Lexical)."},
     {"fill_schema_rows", (PyCFunction)(void (*)(void))fill_schema_rows, METH_FASTCALL,
      "fill_schema_rows(matchers, bitmask, rows, batcher): schema rows, the structural ones in one xgrammar call."},
     {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask.base.storage.checksum)."},

@@ -103,13 +103,14 @@ def compile_field(
     crossing: set[int] = set()
     enter_lists: dict[int, list[int]] = {}
     middle_by_prefix: dict[int, list[tuple[int, int, int, int]]] = {}
-    from_root = dict(
-        zip(piece_ids[offsets[0] : offsets[1]].tolist(), dests[offsets[0] : offsets[1]].tolist(), strict=True)
-    )
-    for pid, token, start, end in pieces.enters:
-        node = from_root.get(pid)
-        if node is None:
-            continue
+    # the entries whose piece the trie reaches from its root (one array lookup for them all)
+    node_of_piece = np.full(len(pieces.pieces) + 1, -1, dtype=np.int64)
+    node_of_piece[piece_ids[offsets[0] : offsets[1]]] = dests[offsets[0] : offsets[1]]
+    table = pieces.enter_table
+    reached = node_of_piece[table[:, 0]] if len(table) else np.zeros(0, dtype=np.int64)
+    for (pid, token, start, end), node in zip(
+        table[reached >= 0].tolist(), reached[reached >= 0].tolist(), strict=True
+    ):
         data = support.tokens[token]
         assert data is not None
         prefix = support.prefix_ids[data[:start]]
@@ -121,13 +122,18 @@ def compile_field(
             middles[pieces.pieces[pid]] = node
             crossing.add(token)
             middle_by_prefix.setdefault(prefix, []).append((token, start, end, node))
-    enter_masks = {}
-    for prefix, tokens in enter_lists.items():
-        ids = np.unique(np.asarray(tokens, dtype=np.int64))
-        words, inverse = np.unique(ids >> 5, return_inverse=True)
-        bits = np.zeros(len(words), dtype=np.uint32)
-        np.bitwise_or.at(bits, inverse, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
-        enter_masks[prefix] = (words, bits.view(np.int32))
+    # per prefix, the words and bits of its entering tokens: every (prefix, token) at once
+    pairs = np.unique(np.array([(p << 32) | t for p, tokens in enter_lists.items() for t in tokens], dtype=np.int64))
+    keys = (pairs >> 32 << 32) | ((pairs & 0xFFFFFFFF) >> 5)  # (prefix, word)
+    firsts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, dtype=np.int64)
+    bits = np.left_shift(np.uint32(1), (pairs & 31).astype(np.uint32))
+    word_bits = np.bitwise_or.reduceat(bits, firsts) if len(firsts) else bits
+    prefix_of, word_of = keys[firsts] >> 32, keys[firsts] & 0xFFFFFFFF
+    bounds = np.flatnonzero(np.r_[True, prefix_of[1:] != prefix_of[:-1], True])
+    enter_masks = {
+        int(prefix_of[a]): (word_of[a:b], word_bits[a:b].view(np.int32))
+        for a, b in pairwise(bounds.tolist() if len(prefix_of) else [])
+    }
     # heads that end a value, from any node
     sources = np.repeat(np.arange(n, dtype=np.int32), np.diff(offsets[: n + 1]))
     ends_value = accepting[dests[: len(sources)]]

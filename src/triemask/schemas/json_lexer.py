@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ..base import kernels
+from ..vocab import Vocabulary
 from .structure import SENTINEL_LEAD
 
 # --------------------------------------------------------------------------- strict JSON
@@ -82,38 +84,63 @@ class Lexical:
     string_keep: npt.NDArray[np.int32]
 
     @classmethod
-    def of(cls, tokens: Sequence[bytes | None], width: int) -> Lexical:
-        n = len(tokens)
-        after = [bytearray([state]) * n for state in _LEXER_STATES]  # special tokens (EOS) move nothing
-        outside = np.zeros((len(_LEXER_STATES), n), dtype=bool)  # refused at a structural byte
-        for t, data in enumerate(tokens):
-            if not data:
-                continue
-            if _PLAIN_TEXT.match(data):  # most tokens: no state but a character's middle changes
-                after[_ESCAPE][t] = _IN
-                for state in range(_TAIL1, LEX_REFUSED):
-                    after[state][t] = LEX_REFUSED
-            else:
-                for state in _LEXER_STATES:
-                    after[state][t], outside[state, t] = _lex(data, state)
-        refused = np.stack([np.frombuffer(a, dtype=np.uint8) for a in after]) == LEX_REFUSED
+    def of(cls, vocab: Vocabulary, width: int) -> Lexical:
+        """The tables of ``vocab``'s tokens, rows of ``width`` words: the lexer runs in C where
+        the extension is built (``lex_tokens``), else in :func:`lex_reference`, which the tests
+        compare it with."""
+        native = kernels.KERNELS
+        lengths, offsets, data = vocab.byte_table()
+        n = len(lengths)
+        if native is None:
+            after, outside = lex_reference([vocab.token_bytes(t) for t in range(n)])
+        else:
+            found = native.lex_tokens(data, np.ascontiguousarray(offsets[:n]), lengths, *_C_TABLES)
+            after = np.frombuffer(found[0], dtype=np.uint8).reshape(len(_LEXER_STATES), n)
+            outside = np.frombuffer(found[1], dtype=np.uint8).reshape(len(_LEXER_STATES), n).astype(bool)
+        refused = after == LEX_REFUSED
         return cls(
-            tuple(bytes(a) for a in after),
+            tuple(row.tobytes() for row in after),
             _keep_rows(refused, width),
             refused.all(axis=0),
             _keep_rows(refused & ~outside, width),
         )
 
 
+def lex_reference(tokens: Sequence[bytes | None]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
+    """By start state and token: the lexer state after the token, and whether its refusal came
+    at a byte outside strings other than 0xFF (the Python reference of ``lex_tokens``)."""
+    n = len(tokens)
+    after = np.repeat(np.arange(len(_LEXER_STATES), dtype=np.uint8)[:, None], n, axis=1)  # specials move nothing
+    outside = np.zeros((len(_LEXER_STATES), n), dtype=bool)
+    for t, data in enumerate(tokens):
+        if not data:
+            continue
+        if _PLAIN_TEXT.match(data):  # most tokens: no state but a character's middle changes
+            after[_ESCAPE, t] = _IN
+            after[_TAIL1:, t] = LEX_REFUSED
+        else:
+            for state in _LEXER_STATES:
+                after[state, t], outside[state, t] = _lex(data, state)
+    return after, outside
+
+
+def _c_tables() -> tuple[bytes, bytes]:
+    """``lex_tokens``'s tables: the state after each byte by state, and whether refusing it
+    there is a refusal outside strings (not 0xFF)."""
+    outside = bytearray(len(_LEXER_STATES) * 256)
+    for c in range(256):
+        outside[LEX_OUT * 256 + c] = _LEXER[LEX_OUT][c] == LEX_REFUSED and c != SENTINEL_LEAD
+    return b"".join(_LEXER), bytes(outside)
+
+
+_C_TABLES = _c_tables()
+
+
 def _keep_rows(refused: npt.NDArray[np.bool_], width: int) -> npt.NDArray[np.int32]:
-    """Per state, the bitmask of the tokens not ``refused``."""
-    keep = np.full((len(refused), width), -1, dtype=np.int32)
-    for state, row in enumerate(refused):
-        ids = np.flatnonzero(row)
-        np.bitwise_and.at(
-            keep[state].view(np.uint32), ids >> 5, ~np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32))
-        )
-    return keep
+    """Per state, the bitmask of the tokens not ``refused`` (the ids past them kept)."""
+    kept = np.ones((len(refused), 32 * width), dtype=bool)
+    kept[:, : refused.shape[1]] = ~refused
+    return np.packbits(kept, axis=1, bitorder="little").view(np.int32)
 
 
 # Free text of every kind xgrammar builds for JSON (strings plain, length-bounded, with a

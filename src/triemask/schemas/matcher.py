@@ -359,17 +359,27 @@ def allowed_token_bitmask(
     live = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
     vocab_size = matchers[live[0]].schema.vocab_size if live else width  # type: ignore[union-attr]
     words = bitmask_width(vocab_size)
-    bitmask = np.zeros((len(matchers), max(words, bitmask_width(width))), dtype=np.int32)
-    filled = []
-    for i in live:
-        try:
-            matchers[i]._fill(bitmask[i, :words])  # type: ignore[union-attr]
-            filled.append(i)
-        except Exception as error:  # noqa: PERF203 - any failure closes that row alone
-            if on_error is None:
-                raise
-            on_error(i, error)
-            bitmask[i] = 0
+    columns = max(words, bitmask_width(width))
+    # the live rows in one batch (the C steps, xgrammar's BatchGrammarMatcher), in a buffer of
+    # their own width when the logits are wider than the vocabulary
+    bitmask = np.zeros((len(matchers), columns), dtype=np.int32)
+    rows = bitmask if columns == words else np.zeros((len(matchers), words), dtype=np.int32)
+    filled = live
+    try:
+        fill_next_token_bitmasks([matchers[i] for i in live], rows, live)  # type: ignore[misc]
+    except Exception:  # a fill raised (a tool's arguments compiled on first use): row by row
+        filled = []
+        for i in live:
+            try:
+                matchers[i].fill_next_token_bitmask(rows, i)  # type: ignore[union-attr]
+                filled.append(i)
+            except Exception as error:  # noqa: PERF203 - any failure closes that row alone
+                if on_error is None:
+                    raise
+                on_error(i, error)
+                rows[i] = 0
+    if rows is not bitmask:
+        bitmask[:, :words] = rows
     if vocab_size > width:  # columns past the logits' width: closed
         bitmask[:, width >> 5] &= (1 << (width & 31)) - 1 if width & 31 else 0
         bitmask[:, (width + 31) >> 5 :] = 0

@@ -10,6 +10,7 @@ from importlib.metadata import version
 from typing import Any, NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from ..base import SchemaError
 
@@ -34,6 +35,57 @@ def field_sentinel(k: int, width: int) -> bytes:
 def value_start_offsets(token: bytes, first: bytes) -> list[int]:
     """Offsets in ``token`` where a value starting with one of ``first`` may begin."""
     return [j for j, c in enumerate(token) if c in first and (j == 0 or _BEFORE_VALUE.match(token, 0, j))]
+
+
+def value_starts(
+    data: bytes, offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int32], first: bytes
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """:func:`value_start_offsets` of every token at once, by NumPy: token ``t`` is
+    ``data[offsets[t]:offsets[t] + lengths[t]]`` (a negative length: no bytes), as
+    :meth:`Vocabulary.byte_table` gives them. Returns the tokens and the offsets in them,
+    ordered by token then offset."""
+    ids, rank, byte = _token_bytes(data, offsets, lengths)
+    if not len(byte):
+        return ids, rank
+    # the last byte before each position that is not JSON whitespace, within the token
+    index = np.arange(len(byte))
+    last_solid = np.maximum.accumulate(np.where(_WHITESPACE[byte], -1, index))
+    before = np.concatenate([[-1], last_solid[:-1]]).astype(np.int64)
+    inside = before >= index - rank
+    ok = _byte_set(first)[byte] & (~inside | _byte_set(b":,[")[byte[np.maximum(before, 0)]])
+    return ids[ok], rank[ok]
+
+
+def value_ends(
+    data: bytes, offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int32], last: bytes
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """:func:`value_end_offsets` of every token at once (as :func:`value_starts`)."""
+    ids, rank, byte = _token_bytes(data, offsets, lengths)
+    ok = np.zeros(len(byte), dtype=bool)
+    ok[1:] = (rank[1:] > 0) & _byte_set(_FOLLOW)[byte[1:]] & _byte_set(last)[byte[:-1]]
+    return ids[ok], rank[ok]
+
+
+def _token_bytes(
+    data: bytes, offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int32]
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
+    """Every byte of every token: its token, its offset in the token, the byte."""
+    present = lengths > 0
+    counts = lengths[present].astype(np.int64)
+    ids = np.repeat(np.flatnonzero(present), counts)
+    ends = np.cumsum(counts)
+    rank = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - counts, counts)
+    byte = np.frombuffer(data, dtype=np.uint8)[np.repeat(offsets[present], counts) + rank]
+    return ids, rank, byte
+
+
+def _byte_set(members: bytes) -> npt.NDArray[np.bool_]:
+    table = np.zeros(256, dtype=bool)
+    table[list(members)] = True
+    return table
+
+
+_WHITESPACE = _byte_set(b" \t\n\r")
 
 
 def value_end_offsets(token: bytes, last: bytes) -> list[int]:

@@ -16,7 +16,14 @@ import numpy as np
 from ..base import BoundedLRU, bitmask_width, kernels
 from ..vocab import TokenIndex, Vocabulary
 from .json_lexer import Lexical
-from .structure import SENTINEL_LEAD, VALUE_FIRST, check_entry_unforgeable, value_end_offsets, value_start_offsets
+from .structure import (
+    SENTINEL_LEAD,
+    VALUE_FIRST,
+    check_entry_unforgeable,
+    value_ends,
+    value_start_offsets,
+    value_starts,
+)
 
 
 class Pieces:
@@ -33,17 +40,28 @@ class Pieces:
         ids: dict[bytes, int] = {}
         self.enters: list[tuple[int, int, int, int]] = []  # (piece, token, start, end): tails and middles
         heads: list[tuple[int, int, int]] = []  # (piece, token, end)
-        never = support.lexical.never.tolist()
-        for t, data in enumerate(support.tokens):
-            if not data or never[t]:
-                continue
-            starts = value_start_offsets(data, first)
-            ends = value_end_offsets(data, last)
+        # only the tokens with a place a value may start or end, in id order as the pieces
+        # are numbered (value_starts / value_ends: value_start_offsets / value_end_offsets
+        # of every token at once)
+        lengths, offsets, text = support.vocab.byte_table()
+        start_ids, start_at = value_starts(text, offsets[: len(lengths)], lengths, first)
+        end_ids, end_at = value_ends(text, offsets[: len(lengths)], lengths, last)
+        never = support.lexical.never
+        candidates = np.union1d(start_ids, end_ids)
+        for t in candidates[~never[candidates]].tolist():
+            data = support.tokens[t]
+            assert data is not None
+            lo, hi = np.searchsorted(start_ids, [t, t + 1])
+            starts = start_at[lo:hi].tolist()
+            lo, hi = np.searchsorted(end_ids, [t, t + 1])
+            ends = end_at[lo:hi].tolist()
             for j in starts:
                 self.enters.append((ids.setdefault(data[j:], len(ids)), t, j, len(data)))
                 self.enters.extend((ids.setdefault(data[j:i], len(ids)), t, j, i) for i in ends if i > j)
             heads.extend((ids.setdefault(data[:i], len(ids)), t, i) for i in ends)
         self.pieces: list[bytes] = list(ids)
+        # the same entries as arrays, for a field's compile to pick the few its trie reaches
+        self.enter_table = np.array(self.enters, dtype=np.int64).reshape(-1, 4)
         heads.sort()
         table = np.array(heads, dtype=np.int64).reshape(-1, 3)
         self.head_offsets = np.searchsorted(table[:, 0], np.arange(len(ids) + 1)).astype(np.int64)
@@ -119,12 +137,24 @@ class VocabularySupport:
         import xgrammar
 
         self.vocab = vocab
-        self.tokens: list[bytes | None] = [vocab.token_bytes(i) for i in range(len(vocab))]
+        lengths, offsets, table = vocab.byte_table()
+        offsets = offsets[: len(lengths)]  # (the table has one offset more: the end)
+        ends = offsets + np.maximum(lengths, 0)
+        self.tokens: list[bytes | None] = [
+            None if length < 0 else table[start:end]
+            for length, start, end in zip(lengths.tolist(), offsets.tolist(), ends.tolist(), strict=True)
+        ]
         self.width = bitmask_width(vocab.vocab_size)
         # Real tokens holding 0xFF (a sentinel's lead byte, never in UTF-8 text) or raw
         # control bytes where strict JSON has none are refused by the lexer tables.
-        self.lexical = Lexical.of(self.tokens, self.width)
-        prefixes = sorted({data[:j] for data in self.tokens if data for j in value_start_offsets(data, VALUE_FIRST)})
+        self.lexical = Lexical.of(vocab, self.width)
+        # the structure before each place in a token where a value may start
+        ids, starts = value_starts(table, offsets, lengths, VALUE_FIRST)
+        inner = starts > 0
+        prefixes = sorted(
+            ({b""} if not inner.all() else set())
+            | {table[o : o + j] for o, j in zip(offsets[ids[inner]].tolist(), starts[inner].tolist(), strict=True)}
+        )
         self.prefixes = prefixes
         self.prefix_ids = {p: i for i, p in enumerate(prefixes)}
         # The extra tokens go in the model's padding ids when they fit (then xgrammar
@@ -141,10 +171,6 @@ class VocabularySupport:
         keep = np.zeros(32 * (self.pseudo_words[1] - self.pseudo_words[0]), dtype=bool)
         keep[: self.first_pseudo - 32 * self.pseudo_words[0]] = True
         self.pseudo_keep = np.packbits(keep, bitorder="little").view(np.int32)
-        self.token_ids: dict[bytes, int] = {}
-        for t, data in enumerate(self.tokens):
-            if data:
-                self.token_ids.setdefault(data, t)
         self.info = xgrammar.TokenizerInfo(
             encoded, xgrammar.VocabType.RAW, vocab_size=len(encoded), stop_token_ids=list(vocab.eos_token_ids)
         )
@@ -153,6 +179,15 @@ class VocabularySupport:
         self._skeletons: BoundedLRU[Hashable, Skeleton] = BoundedLRU(SKELETON_CACHE_BYTES)
         self._plain_tables: Any = None  # the step tables of every schema without trie fields
         self._lock = threading.Lock()
+
+    @cached_property
+    def token_ids(self) -> dict[bytes, int]:
+        """The first id of each token's bytes (for the pieces of the first trie field)."""
+        ids: dict[bytes, int] = {}
+        for t, data in enumerate(self.tokens):
+            if data:
+                ids.setdefault(data, t)
+        return ids
 
     @cached_property
     def lex_tables(self) -> Any:
@@ -236,8 +271,9 @@ _SUPPORT_LOCK = threading.Lock()
 
 def prepare_schemas(vocab: Vocabulary) -> None:
     """Build now what every schema of ``vocab`` shares (xgrammar's tokenizer info with the extra
-    tokens, the JSON lexer's tables; 0.7 s for a 49K vocabulary, 2.2 s for Qwen's 151K), so the
-    first schema a server compiles does not pay for it inside an engine step. Needs xgrammar."""
+    tokens, the JSON lexer's tables: 0.16 s for Qwen's 151K, half of it xgrammar's tokenizer
+    info), so that the first schema a server compiles does not pay for it inside an engine
+    step. Needs xgrammar."""
     require_xgrammar()
     vocabulary_support(vocab)
 

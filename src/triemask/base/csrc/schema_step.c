@@ -706,3 +706,72 @@ done:
     Py_XDECREF(indices);
     return result;
 }
+
+/* lex_tokens(data, offsets, lengths, table, outside) -> (after, refused_outside): the JSON
+ * lexer over every token from every state (json_lexer.Lexical, its Python loop the reference).
+ * Token t is data[offsets[t] : offsets[t] + lengths[t]] (int64, int32; a negative length: no
+ * bytes, it moves nothing); table: uint8 [LEX_STATES * 256], the state after a byte
+ * (LEX_STATES: refused); outside: uint8 [LEX_STATES * 256], whether refusing that byte from that
+ * state counts as a refusal outside strings. Both answers are bytearrays [LEX_STATES * n], by
+ * start state then token: the state after the token, and whether its refusal was outside. */
+static PyObject *lex_tokens(PyObject *module, PyObject *args) {
+    Py_buffer data, offsets, lengths, table, outside;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*", &data, &offsets, &lengths, &table, &outside)) {
+        return NULL;
+    }
+    PyObject *after = NULL, *refused_outside = NULL, *result = NULL;
+    Py_ssize_t n = lengths.len / (Py_ssize_t)sizeof(int32_t);
+    const int64_t *offs = (const int64_t *)offsets.buf;
+    const int32_t *lens = (const int32_t *)lengths.buf;
+    const uint8_t *bytes = (const uint8_t *)data.buf, *next = (const uint8_t *)table.buf,
+                  *away = (const uint8_t *)outside.buf;
+    int bad = offsets.len != n * (Py_ssize_t)sizeof(int64_t) || lengths.len % sizeof(int32_t) != 0 ||
+              table.len != LEX_STATES * 256 || outside.len != LEX_STATES * 256;
+    for (Py_ssize_t i = 0; !bad && i < LEX_STATES * 256; i++) {
+        bad = next[i] > LEX_STATES;
+    }
+    for (Py_ssize_t t = 0; !bad && t < n; t++) {
+        bad = lens[t] >= 0 && (offs[t] < 0 || offs[t] > data.len - lens[t]);
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "lex_tokens: inconsistent token table or lexer table");
+        goto done;
+    }
+    after = PyByteArray_FromStringAndSize(NULL, LEX_STATES * n);
+    refused_outside = PyByteArray_FromStringAndSize(NULL, LEX_STATES * n);
+    if (after == NULL || refused_outside == NULL) {
+        goto done;
+    }
+    uint8_t *a = (uint8_t *)PyByteArray_AS_STRING(after), *o = (uint8_t *)PyByteArray_AS_STRING(refused_outside);
+    Py_BEGIN_ALLOW_THREADS
+    for (int s = 0; s < LEX_STATES; s++) {
+        for (Py_ssize_t t = 0; t < n; t++) {
+            int state = s, away_refusal = 0;
+            if (lens[t] > 0) {
+                const uint8_t *p = bytes + offs[t], *end = p + lens[t];
+                for (; p < end; p++) {
+                    int following = next[state * 256 + *p];
+                    if (following == LEX_STATES) {
+                        away_refusal = away[state * 256 + *p];
+                        state = LEX_STATES;
+                        break;
+                    }
+                    state = following;
+                }
+            }
+            a[s * n + t] = (uint8_t)state;
+            o[s * n + t] = (uint8_t)away_refusal;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = PyTuple_Pack(2, after, refused_outside);
+done:
+    Py_XDECREF(after);
+    Py_XDECREF(refused_outside);
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&lengths);
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&outside);
+    return result;
+}
