@@ -106,7 +106,7 @@ def compile_field(
     # the entries whose piece the trie reaches from its root (one array lookup for them all)
     node_of_piece = np.full(len(pieces.pieces) + 1, -1, dtype=np.int64)
     node_of_piece[piece_ids[offsets[0] : offsets[1]]] = dests[offsets[0] : offsets[1]]
-    table = pieces.enter_table
+    table = pieces.enters
     reached = node_of_piece[table[:, 0]] if len(table) else np.zeros(0, dtype=np.int64)
     for (pid, token, start, end), node in zip(
         table[reached >= 0].tolist(), reached[reached >= 0].tolist(), strict=True

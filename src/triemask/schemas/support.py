@@ -38,7 +38,7 @@ class Pieces:
 
     def __init__(self, support: VocabularySupport, first: bytes, last: bytes) -> None:
         ids: dict[bytes, int] = {}
-        self.enters: list[tuple[int, int, int, int]] = []  # (piece, token, start, end): tails and middles
+        enters: list[tuple[int, int, int, int]] = []  # (piece, token, start, end): tails and middles
         heads: list[tuple[int, int, int]] = []  # (piece, token, end)
         # only the tokens with a place a value may start or end, in id order as the pieces
         # are numbered (value_starts / value_ends: value_start_offsets / value_end_offsets
@@ -56,12 +56,13 @@ class Pieces:
             lo, hi = np.searchsorted(end_ids, [t, t + 1])
             ends = end_at[lo:hi].tolist()
             for j in starts:
-                self.enters.append((ids.setdefault(data[j:], len(ids)), t, j, len(data)))
-                self.enters.extend((ids.setdefault(data[j:i], len(ids)), t, j, i) for i in ends if i > j)
+                enters.append((ids.setdefault(data[j:], len(ids)), t, j, len(data)))
+                enters.extend((ids.setdefault(data[j:i], len(ids)), t, j, i) for i in ends if i > j)
             heads.extend((ids.setdefault(data[:i], len(ids)), t, i) for i in ends)
         self.pieces: list[bytes] = list(ids)
-        # the same entries as arrays, for a field's compile to pick the few its trie reaches
-        self.enter_table = np.array(self.enters, dtype=np.int64).reshape(-1, 4)
+        # (piece, token, start, end) of the tails and middles, for a field's compile to pick
+        # the few its trie reaches
+        self.enters = np.array(enters, dtype=np.int64).reshape(-1, 4)
         heads.sort()
         table = np.array(heads, dtype=np.int64).reshape(-1, 3)
         self.head_offsets = np.searchsorted(table[:, 0], np.arange(len(ids) + 1)).astype(np.int64)
