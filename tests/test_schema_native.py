@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from conftest import byte_vocabulary
 from test_schema_strictness import FREE, STRICT_MERGES, TRIE
+from test_schemas import TOOLS
 from triemask import BitmaskError, Compiler, Matcher, SchemaMatcher, StateError, Vocabulary, fill_next_token_bitmasks
 from triemask.automata import native_kernel
 from triemask.base import kernels
@@ -73,13 +74,12 @@ def state_of(matcher: SchemaMatcher) -> tuple[Any, ...]:
     return matcher.text, matcher._lexer, len(matcher._configs)
 
 
-@native_only
-@pytest.mark.parametrize("any_whitespace", [False, True])
-@pytest.mark.parametrize("name", sorted(SCHEMAS))
-def test_structural_step_equals_the_reference(vocab: Vocabulary, name: str, any_whitespace: bool) -> None:
-    compiled = Compiler(vocab).compile_json_schema(SCHEMAS[name], min_enum_values=2, any_whitespace=any_whitespace)
+def walks_equal(compiled: Any, vocab: Vocabulary, seed: str) -> int:
+    """Random walks through ``compiled``, the C steps and the reference side by side at every
+    step (masks, answers for tokens in and outside the mask, outputs, lexer states, history,
+    rollbacks); returns how many steps were structural."""
     width = (vocab.vocab_size + 31) // 32
-    rng = random.Random(name)
+    rng = random.Random(seed)
     structural_steps = 0
     for _ in range(8):
         ours, twin = Matcher(compiled), Matcher(compiled)
@@ -88,7 +88,7 @@ def test_structural_step_equals_the_reference(vocab: Vocabulary, name: str, any_
             native, reference = np.zeros((2, width), dtype=np.int32), np.zeros((2, width), dtype=np.int32)
             ours.fill_next_token_bitmask(native, 1)
             twin._fill_reference(reference, 1)
-            assert np.array_equal(native, reference), (ours.text, name)
+            assert np.array_equal(native, reference), ours.text
             structural_steps += not ours.in_enum_value
             allowed = np.flatnonzero(np.unpackbits(native[1].view(np.uint8), bitorder="little")).tolist()
             # tokens outside the mask too: each must be refused alike, the state unchanged
@@ -113,7 +113,22 @@ def test_structural_step_equals_the_reference(vocab: Vocabulary, name: str, any_
                 twin.rollback(1)
                 assert state_of(ours) == state_of(twin)
         assert ours.value == twin.value
-    assert structural_steps > 50
+    return structural_steps
+
+
+@native_only
+@pytest.mark.parametrize("any_whitespace", [False, True])
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_structural_step_equals_the_reference(vocab: Vocabulary, name: str, any_whitespace: bool) -> None:
+    compiled = Compiler(vocab).compile_json_schema(SCHEMAS[name], min_enum_values=2, any_whitespace=any_whitespace)
+    assert walks_equal(compiled, vocab, name) > 50
+
+
+@native_only
+def test_tool_steps_equal_the_reference(vocab: Vocabulary) -> None:
+    """A tool's name ends in its arguments' grammar (not the same matcher): the reference's."""
+    compiled = Compiler(vocab).compile_tools(TOOLS, min_enum_values=2)
+    assert walks_equal(compiled, vocab, "tools") > 50
 
 
 @native_only

@@ -133,7 +133,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_fill_next_token_bitmask = PyUnicode_InternFromString("fill_next_token_bitmask");
     str_batch_fill = PyUnicode_InternFromString("batch_fill_next_token_bitmask");
     small_zero = PyLong_FromLong(0);
-    if (str_handle == NULL || str_step_tables == NULL || str_accept_token == NULL ||
+    struct_field = PyLong_FromLong(STRUCT_FIELD);
+    empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
+    if (struct_field == NULL || empty_bytes == NULL || str_handle == NULL || str_step_tables == NULL || str_accept_token == NULL ||
         str_fill_next_token_bitmask == NULL || str_batch_fill == NULL || small_zero == NULL) {
         return NULL;
     }

@@ -164,7 +164,9 @@ class CompiledSchema(SchemaEngine):
         # the C steps inside values need every field's kernel (else they are the reference's)
         native = tuple((native_kernel(f.automaton), step_flags(f)) for f in fields)
         in_c = all(kernel is not None for kernel, _ in native)
-        self._step_tables = self._support.step_tables(self._crossing, native if in_c else ())
+        # (a tool's name is left for its arguments' grammar, which _exit compiles)
+        plain_exits = type(self)._exit is SchemaEngine._exit
+        self._step_tables = self._support.step_tables(self._crossing, native if in_c else (), plain_exits)
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
             for prefix in {*f.enter_masks, *f.middle_by_prefix}:

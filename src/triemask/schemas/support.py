@@ -219,18 +219,19 @@ class VocabularySupport:
             inline_pseudo=self.inline,
         )
 
-    def step_tables(self, crossing: frozenset[int], fields: tuple[tuple[Any, Any], ...]) -> Any:
+    def step_tables(self, crossing: frozenset[int], fields: tuple[tuple[Any, Any], ...], plain_exits: bool) -> Any:
         """What the C steps of a schema read (``_native.StepTables``: :attr:`lex_tables`;
         ``crossing``, the tokens that may enter one of its fields; per field, its trie's kernel
-        and flags by node), or None without the C extension. One, shared, for every schema
-        without trie fields."""
+        and flags by node; ``plain_exits``: a value's end resumes the structure on the same
+        matcher), or None without the C extension. One, shared, for every schema without trie
+        fields."""
         native = kernels.KERNELS
         if native is None:
             return None
         if crossing or fields:
             flags = np.zeros(len(self.tokens), dtype=np.uint8)
             flags[np.fromiter(crossing, dtype=np.int64, count=len(crossing))] = 1
-            return native.StepTables(lex=self.lex_tables, crossing=flags, fields=fields)
+            return native.StepTables(lex=self.lex_tables, crossing=flags, fields=fields, plain_exits=plain_exits)
         with self._lock:
             found = self._plain_tables
         if found is None:

@@ -8,9 +8,10 @@
  *   (strict JSON) and xgrammar's accept_token; fill is xgrammar's fill into the caller's row
  *   (or the scratch row, where the extra tokens of structural prefixes do not fit in the
  *   model's padding ids), then the lexer's keep row ANDed in;
- *   inside a field's value, at a trie node where no value ends and after which none does
- *   next (nor a final state: EOS): accept is the lexer's lookup and one trie step (the next
- *   configuration made here), fill is the trie's row (the set kernel's fill_one).
+ *   inside a field's value, at a trie node from which no value ends inside a token: accept is
+ *   the lexer's lookup and one trie step, to a node inside the value or (where a value's end
+ *   resumes the structure on the same matcher: not a tool's name) to a leaf, where the value
+ *   is over; fill is the trie's row (the set kernel's fill_one).
  *
  * xgrammar is called through the handle of its GrammarMatcher (matcher._handle), the cheapest
  * interface it offers: no Python frame of its wrapper. Everything else (a field in reach: an
@@ -36,8 +37,10 @@
  *                 the bits of real tokens (the others are the extra tokens)
  *
  * StepTables: one compiled schema's part: its LexTables, `crossing` (uint8 [n]: 1 where the
- * token may enter one of its fields) and per field (Kernel, flags: uint8 by trie node,
- * FIELD_LEAF | FIELD_ACCEPTING | FIELD_EXITS, the last where a value may end inside a token).
+ * token may enter one of its fields), per field (Kernel, flags: uint8 by trie node,
+ * FIELD_LEAF | FIELD_ACCEPTING | FIELD_EXITS, the last where a value may end inside a token),
+ * and `plain_exits`: whether a value's end resumes the structure on the same matcher (not so
+ * for a tool's name, after which its arguments' grammar takes over).
  *
  * SchemaCore: the base class of SchemaMatcher, holding its per-request fields as attributes
  * (_schema, _configs, _history, _output, _lexer, _filled, _scratch, _scratch_width), which the
@@ -155,6 +158,7 @@ typedef struct {
     Py_ssize_t n_fields;
     Kernel **kernels;        /* borrowed from `fields` */
     Py_buffer *flags;        /* one per field: uint8 by node */
+    int plain_exits;         /* a value's end resumes the structure on the same matcher */
 } StepTables;
 
 static void StepTables_dealloc(StepTables *self) {
@@ -173,13 +177,14 @@ static void StepTables_dealloc(StepTables *self) {
 
 static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     PyObject *lex, *crossing, *fields;
-    static char *names[] = {"lex", "crossing", "fields", NULL};
+    int plain_exits = 0;
+    static char *names[] = {"lex", "crossing", "fields", "plain_exits", NULL};
     if (self->lex != NULL) {
         PyErr_SetString(PyExc_TypeError, "StepTables are built once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!", names, &LexTablesType, &lex, &crossing, &PyTuple_Type,
-                                     &fields)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!|p", names, &LexTablesType, &lex, &crossing, &PyTuple_Type,
+                                     &fields, &plain_exits)) {
         return -1;
     }
     if (PyObject_GetBuffer(crossing, &self->crossing, PyBUF_C_CONTIGUOUS) < 0) {
@@ -218,6 +223,7 @@ static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     self->lex = (LexTables *)lex;
     Py_INCREF(fields);
     self->fields = fields;
+    self->plain_exits = plain_exits;
     return 0;
 }
 
@@ -248,7 +254,7 @@ typedef struct {
 enum { RESOLVED_OTHER = 0, RESOLVED_STRUCT = 1, RESOLVED_ENUM = 2 };
 
 static PyObject *str_handle, *str_step_tables, *str_accept_token, *str_fill_next_token_bitmask, *str_batch_fill;
-static PyObject *small_zero;
+static PyObject *small_zero, *struct_field, *empty_bytes;
 
 static void SchemaCore_forget(SchemaCore *self) {
     Py_CLEAR(self->resolved);
@@ -389,18 +395,19 @@ static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *follo
     return 0;
 }
 
-/* The configuration at trie node `node` of the same field, value start and cache as `config`
- * (a tuple subclass: Configuration). */
-static PyObject *config_at(PyObject *config, int64_t node) {
+/* A configuration like `config` (a tuple subclass: Configuration) with its items 2 .. 5 (field,
+ * node, value start, cache) replaced; NULL items keep `config`'s. Steals `node`. */
+static PyObject *config_like(PyObject *config, PyObject *field, PyObject *node, PyObject *value_start,
+                             PyObject *cache) {
     PyTypeObject *type = Py_TYPE(config);
-    PyObject *number = PyLong_FromLongLong(node);
-    PyObject *made = number == NULL ? NULL : type->tp_alloc(type, 6);
+    PyObject *made = node == NULL ? NULL : type->tp_alloc(type, 6);
     if (made == NULL) {
-        Py_XDECREF(number);
+        Py_XDECREF(node);
         return NULL;
     }
+    PyObject *items[] = {NULL, NULL, field, node, value_start, cache};
     for (Py_ssize_t i = 0; i < 6; i++) {
-        PyObject *item = i == 3 ? number : PyTuple_GET_ITEM(config, i);
+        PyObject *item = items[i] == NULL ? PyTuple_GET_ITEM(config, i) : items[i];
         if (i != 3) {
             Py_INCREF(item);
         }
@@ -457,10 +464,18 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
         if (following < 0) {
             Py_RETURN_FALSE;
         }
-        if (following >= kernel->num_nodes || flags[following] & (FIELD_LEAF | FIELD_ACCEPTING)) {
+        if (following >= kernel->num_nodes) {
             return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
         }
-        PyObject *config = config_at(self->config, following);
+        PyObject *config;
+        if (!(flags[following] & (FIELD_LEAF | FIELD_ACCEPTING))) {  /* still inside the value */
+            config = config_like(self->config, NULL, PyLong_FromLongLong(following), NULL, NULL);
+        } else if (flags[following] & FIELD_LEAF && t->plain_exits) {
+            /* the value is over: the structure resumes on its matcher, already past the sentinel */
+            config = config_like(self->config, struct_field, PyLong_FromLong(0), empty_bytes, Py_None);
+        } else {  /* a value that may end or go on (several readings), or a tool's arguments */
+            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+        }
         PyObject *configs = config == NULL ? NULL : PyList_New(1);
         if (configs == NULL) {
             Py_XDECREF(config);
