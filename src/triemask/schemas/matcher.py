@@ -22,8 +22,9 @@ from .structure import STRUCT, Configuration
 class _SchemaMatcherCore:
     """The schema matcher's per-request fields and per-step methods, in Python. With the C
     extension, ``triemask.base._native.SchemaCore`` takes its place: the same fields, and the
-    structural step in C (one xgrammar call, the lexer's tables), deferring to the
-    ``_reference`` methods of :class:`SchemaMatcher` for every other step."""
+    common steps in C (in the structure: one xgrammar call and the lexer's tables; inside an
+    enum value: the trie's kernel), deferring to the ``_reference`` methods of
+    :class:`SchemaMatcher` for the others (csrc/schema_step.c says which)."""
 
     __slots__ = ("_configs", "_filled", "_history", "_lexer", "_output", "_schema", "_scratch", "_scratch_width")
     _schema: CompiledSchema
@@ -121,7 +122,7 @@ class SchemaMatcher(_Core):
             raise StateError(f"the completed output is not JSON ({error}): {bytes(self._output)[:80]!r}") from None
 
     def _accept_token_reference(self, token_id: int) -> bool:
-        # accept_token (the C one defers here for every step but the structural one)
+        # accept_token (the C one defers here for the steps it does not take)
         if type(token_id) is not int:
             try:
                 token_id = integer(token_id, "token_id")
@@ -254,7 +255,7 @@ class SchemaMatcher(_Core):
         return np.flatnonzero(unpack_bitmask(row, self._schema.vocab_size)[0]).astype(np.int32)
 
     def _fill_reference(self, bitmask: Any, row: int = 0) -> None:
-        # fill_next_token_bitmask (the C one defers here for every fill but the structural one)
+        # fill_next_token_bitmask (the C one defers here for the fills it does not take)
         if (  # the per-step path: as_bitmask_array's checks, inlined
             type(bitmask) is np.ndarray
             and bitmask.dtype == np.int32

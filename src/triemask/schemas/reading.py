@@ -380,9 +380,10 @@ def _nothing_to_dispatch(schema: dict[str, Any], min_enum_values: int) -> bool:
 def dispatch(
     schema: dict[str, Any], min_enum_values: int, *, patterns: bool = True
 ) -> tuple[dict[str, Any], list[EnumSite]]:
-    """A copy of ``schema`` with every enum site replaced by a const placeholder
-    (``schema`` itself is not modified). ``patterns=False`` builds no pattern automaton (a
-    serving front end checks a schema's errors without the costly part of its compile).
+    """A copy of ``schema`` (as :func:`load_schema` gives it: plain dicts and lists) with every
+    enum site replaced by a const placeholder (``schema`` itself is not modified).
+    ``patterns=False`` builds no pattern automaton (a serving front end checks a schema's
+    errors without the costly part of its compile).
 
     Returns the rewritten schema and the sites, in the order they were found (``schema``
     itself where nothing is replaced: the caller must not modify either).
