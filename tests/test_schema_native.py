@@ -24,6 +24,9 @@ from test_schemas import TOOLS
 from triemask import BitmaskError, Compiler, Matcher, SchemaMatcher, StateError, Vocabulary, fill_next_token_bitmasks
 from triemask.automata import native_kernel
 from triemask.base import kernels
+from triemask.schemas import clear_structure_cache
+from triemask.schemas import matcher as matcher_module
+from triemask.schemas import support as support_module
 from triemask.schemas.json_lexer import LEX_REFUSED, Lexical, lex_reference
 from triemask.schemas.structure import VALUE_FIRST, value_end_offsets, value_ends, value_start_offsets, value_starts
 
@@ -260,3 +263,29 @@ def test_vocabulary_preparation_equals_the_per_token_reference(tokens: list[byte
     for state, row in enumerate(refused & ~outside):
         kept = np.unpackbits(lexical.string_keep[state].view(np.uint8), bitorder="little")[: len(texts)]
         assert np.array_equal(kept, ~row)
+
+
+def test_without_xgrammars_handle_every_step_is_the_references(
+    vocab: Vocabulary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An xgrammar whose private handle differs: no C step, the same masks (public calls)."""
+    schema = SCHEMAS["plain + enum"]
+    usual = Compiler(vocab).compile_json_schema(schema, min_enum_values=2)
+    monkeypatch.setattr(support_module, "handles_usable", lambda: False)
+    monkeypatch.setattr(matcher_module, "handles_usable", lambda: False)
+    clear_structure_cache()
+    plain = Compiler(vocab).compile_json_schema(schema, min_enum_values=2)
+    assert plain._step_tables is None
+    width = (vocab.vocab_size + 31) // 32
+    rng = random.Random(3)
+    ours, theirs = Matcher(plain), Matcher(usual)
+    for _ in range(40):
+        a, b = np.zeros((2, width), dtype=np.int32), np.zeros((2, width), dtype=np.int32)
+        fill_next_token_bitmasks([ours, ours], a)
+        fill_next_token_bitmasks([theirs, theirs], b)
+        assert np.array_equal(a, b)
+        allowed = [t for t in ours.allowed_token_ids().tolist() if t not in vocab.eos_token_ids]
+        if not allowed:
+            break
+        token = rng.choice(allowed)
+        assert ours.accept_token(token) and theirs.accept_token(token)

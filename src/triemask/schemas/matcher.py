@@ -15,6 +15,7 @@ from ..base import ArgumentTypeError, StateError, as_bitmask_array, bitmask_widt
 from .compiled import CompiledSchema
 from .json_lexer import LEX_OUT, LEX_REFUSED
 from .structure import STRUCT, Configuration
+from .support import handles_usable
 
 # --------------------------------------------------------------------------- matcher
 
@@ -321,7 +322,7 @@ def fill_next_token_bitmasks(
     if any(m._schema is not first and m._schema.vocab_size != first.vocab_size for m in matchers):
         raise StateError("all matchers of one batch must share a vocabulary size")
     native = kernels.KERNELS
-    if native is None:
+    if native is None or not handles_usable():
         for matcher, target in zip(matchers, targets, strict=True):
             matcher.fill_next_token_bitmask(array, target)
         return

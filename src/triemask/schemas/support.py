@@ -226,7 +226,7 @@ class VocabularySupport:
         matcher), or None without the C extension. One, shared, for every schema without trie
         fields."""
         native = kernels.KERNELS
-        if native is None:
+        if native is None or not handles_usable():
             return None
         if crossing or fields:
             flags = np.zeros(len(self.tokens), dtype=np.uint8)
@@ -298,6 +298,29 @@ def clear_structure_cache() -> None:
     for support in supports:
         if support is not None:
             support.forget_skeletons()
+
+
+@cache
+def handles_usable() -> bool:
+    """Whether the installed xgrammar's matchers have the handle the C steps call (``_handle``
+    with ``accept_token(token, debug_print)``, ``fill_next_token_bitmask(bitmask, row,
+    debug_print)``, and the batch matcher's ``batch_fill_next_token_bitmask(handles, bitmask,
+    rows, debug_print)``): xgrammar's private interface, checked once per process on a tiny
+    grammar. Without it every step is the Python reference's, which uses the public one."""
+    import xgrammar
+
+    try:
+        info = xgrammar.TokenizerInfo([b"a", b"b"], xgrammar.VocabType.RAW, vocab_size=2, stop_token_ids=[])
+        grammar = xgrammar.GrammarCompiler(info, cache_enabled=False).compile_grammar('root ::= "a" "b"')
+        handle: Any = xgrammar.GrammarMatcher(grammar)._handle
+        batcher: Any = xgrammar.BatchGrammarMatcher()._handle
+        row = np.zeros((1, 1), dtype=np.int32)
+        batcher.batch_fill_next_token_bitmask([handle], row, [0], False)
+        handle.fill_next_token_bitmask(row, 0, False)
+        allowed = int(row[0, 0]) & 3  # (xgrammar sets the bits past the vocabulary)
+        return allowed == 1 and handle.accept_token(0, False) is True and handle.accept_token(0, False) is False
+    except Exception:  # any change there: the reference's public calls
+        return False
 
 
 @cache  # once per process when it passes (a failure raises again at the next call)
