@@ -141,10 +141,10 @@ class VocabularySupport:
         lengths, offsets, table = vocab.byte_table()
         offsets = offsets[: len(lengths)]  # (the table has one offset more: the end)
         ends = offsets + np.maximum(lengths, 0)
-        self.tokens: list[bytes | None] = [
+        self.tokens: tuple[bytes | None, ...] = tuple(  # (the C steps share this tuple)
             None if length < 0 else table[start:end]
             for length, start, end in zip(lengths.tolist(), offsets.tolist(), ends.tolist(), strict=True)
-        ]
+        )
         self.width = bitmask_width(vocab.vocab_size)
         # Real tokens holding 0xFF (a sentinel's lead byte, never in UTF-8 text) or raw
         # control bytes where strict JSON has none are refused by the lexer tables.
@@ -204,7 +204,7 @@ class VocabularySupport:
         keep = self.lexical.string_keep
         states, words = np.nonzero(keep != -1)  # the words a state's keep row changes, by state
         return native.LexTables(
-            tokens=tuple(self.tokens),
+            tokens=self.tokens,
             after=b"".join(self.lexical.after),
             keep=keep,
             eos=eos,
@@ -228,7 +228,7 @@ class VocabularySupport:
         native = kernels.KERNELS
         if native is None or not handles_usable():
             return None
-        if crossing or fields:
+        if crossing or fields:  # (fields may be given empty: a field without a kernel)
             flags = np.zeros(len(self.tokens), dtype=np.uint8)
             flags[np.fromiter(crossing, dtype=np.int64, count=len(crossing))] = 1
             return native.StepTables(lex=self.lex_tables, crossing=flags, fields=fields, plain_exits=plain_exits)

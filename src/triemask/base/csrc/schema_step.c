@@ -698,7 +698,7 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *item = PyList_GET_ITEM(matchers, i);
         if (batched[i]) {
-            int64_t row;
+            int64_t row = 0; /* (an exact int: checked when the row was batched) */
             exact_int(PyList_GET_ITEM(rows, i), &row);
             int32_t *out = (int32_t *)h->data + row * h->dimensions[1];
             if (SchemaCore_finish_row((SchemaCore *)item, out, out)) {
