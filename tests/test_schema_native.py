@@ -27,7 +27,14 @@ from triemask.base import kernels
 from triemask.schemas import clear_structure_cache
 from triemask.schemas import matcher as matcher_module
 from triemask.schemas import support as support_module
-from triemask.schemas.json_lexer import LEX_REFUSED, Lexical, lex_reference
+from triemask.schemas.json_lexer import (
+    LEX_REFUSED,
+    REFUSED_ANYWHERE,
+    REFUSED_CONTROL,
+    REFUSED_OUTSIDE,
+    Lexical,
+    lex_reference,
+)
 from triemask.schemas.structure import VALUE_FIRST, value_end_offsets, value_ends, value_start_offsets, value_starts
 
 pytest.importorskip("xgrammar")
@@ -66,6 +73,21 @@ for _free, _trie in [("plain", "enum"), ("bounded", "date"), ("dot pattern", "fi
         "properties": {"a": FREE[_free], "t": TRIE[_trie], "b": FREE["bounded"]},
         "required": ["a", "t", "b"],
     }
+# Grammars that admit no raw control character inside a string (no length bound, no pattern):
+# the C fill ANDs the sparser Lexical.utf8_keep there, and leaves the controls to xgrammar.
+NO_CONTROLS = {
+    "plain strings": {
+        "type": "object",
+        "properties": {"a": FREE["plain"], "o": {"type": "object"}, "l": {"type": "array", "items": FREE["plain"]}},
+        "required": ["a", "o", "l"],
+    },
+    "plain and email + enum": {
+        "type": "object",
+        "properties": {"a": FREE["plain"], "t": TRIE["enum"], "e": FREE["email"], "d": TRIE["date"]},
+        "required": ["a", "t", "e", "d"],
+    },
+}
+SCHEMAS.update(NO_CONTROLS)
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +146,8 @@ def walks_equal(compiled: Any, vocab: Vocabulary, seed: str) -> int:
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_structural_step_equals_the_reference(vocab: Vocabulary, name: str, any_whitespace: bool) -> None:
     compiled = Compiler(vocab).compile_json_schema(SCHEMAS[name], min_enum_values=2, any_whitespace=any_whitespace)
+    # which keep rows the C fill ANDs: the sparser ones only where no string admits a control
+    assert compiled._step_tables.keep_rows == (10 if name in NO_CONTROLS else 0)
     assert walks_equal(compiled, vocab, name) > 50
 
 
@@ -197,10 +221,10 @@ def test_step_tables_are_checked(vocab: Vocabulary) -> None:
     good: dict[str, Any] = {
         "tokens": (b"a", None),
         "after": bytes(20),
-        "keep": np.full(10, -1, dtype=np.int32),
+        "keep": np.full(20, -1, dtype=np.int32),  # two sets of ten rows of one word
         "eos": bytes([0, 1, 0]),
         "pseudo_keep": np.zeros(0, dtype=np.int32),
-        "sparse_offsets": np.zeros(11, dtype=np.int64),
+        "sparse_offsets": np.zeros(21, dtype=np.int64),
         "sparse_words": np.zeros(0, dtype=np.int32),
         "sparse_masks": np.zeros(0, dtype=np.int32),
         "vocab_size": 3,
@@ -212,15 +236,17 @@ def test_step_tables_are_checked(vocab: Vocabulary) -> None:
     lex = native.LexTables(**good)
     for name, bad in [
         ("after", bytes([11]) * 20),  # a lexer state past "refused"
-        ("keep", np.full(9, -1, dtype=np.int32)),
+        ("keep", np.full(10, -1, dtype=np.int32)),  # one set
         ("eos", bytes(2)),
-        ("sparse_offsets", np.array([0] * 10 + [1], dtype=np.int64)),
+        ("sparse_offsets", np.array([0] * 20 + [1], dtype=np.int64)),
+        ("sparse_offsets", np.zeros(11, dtype=np.int64)),
         ("pseudo_hi", 2),
         ("xgr_width", 2),
     ]:
         with pytest.raises(ValueError, match="schema step tables"):
             native.LexTables(**{**good, name: bad})
     native.StepTables(lex=lex, crossing=bytes(2), fields=())
+    native.StepTables(lex=lex, crossing=bytes(2), fields=(), controls_in_strings=False)
     automaton = Compiler(vocab).compile(["ab", "cd"], eos=False)
     kernel = native_kernel(automaton)
     flags = np.zeros(automaton.num_nodes, dtype=np.uint8)
@@ -256,13 +282,28 @@ def test_vocabulary_preparation_equals_the_per_token_reference(tokens: list[byte
             (t, i) for t, text in enumerate(texts) if text for i in value_end_offsets(text, first)
         ]
     lexical = Lexical.of(vocab, (vocab.vocab_size + 31) // 32)
-    after, outside = lex_reference(texts)
+    after, why = lex_reference(texts)
     assert lexical.after == tuple(row.tobytes() for row in after)
     refused = after == LEX_REFUSED
     assert np.array_equal(lexical.never, refused.all(axis=0))
-    for state, row in enumerate(refused & ~outside):
-        kept = np.unpackbits(lexical.string_keep[state].view(np.uint8), bitorder="little")[: len(texts)]
-        assert np.array_equal(kept, ~row)
+    for rows, dropped in [
+        (lexical.keep, ()),
+        (lexical.string_keep, (REFUSED_OUTSIDE,)),
+        (lexical.utf8_keep, (REFUSED_OUTSIDE, REFUSED_CONTROL)),
+    ]:
+        for state, row in enumerate(refused & ~np.isin(why, dropped)):
+            kept = np.unpackbits(rows[state].view(np.uint8), bitorder="little")[: len(texts)]
+            assert np.array_equal(kept, ~row)
+    # why, by hand: a control byte inside a string, a byte outside one, the sentinel's lead byte
+    for text, state, reason in [
+        (b"a\n", 1, REFUSED_CONTROL),
+        (b"\\\t", 1, REFUSED_CONTROL),
+        (b"\x01", 0, REFUSED_OUTSIDE),
+        (b"\xff", 0, REFUSED_ANYWHERE),
+        (b"\xed\xa0", 1, REFUSED_ANYWHERE),
+    ]:
+        if text in texts:
+            assert why[state, texts.index(text)] == reason
 
 
 def test_without_xgrammars_handle_every_step_is_the_references(

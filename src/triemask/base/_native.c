@@ -24,6 +24,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <ctype.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,7 @@
 #include "csrc/tries.c"
 #include "csrc/python_types.c"
 #include "csrc/schema_step.c"
+#include "csrc/ebnf_controls.c"
 #include "csrc/lazy_kernels.c"
 #include "csrc/checks.c"
 
@@ -62,7 +64,9 @@ static PyMethodDef module_methods[] = {
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},
     {"lex_tokens", lex_tokens, METH_VARARGS,
-     "lex_tokens(data, offsets, lengths, table, outside): the JSON lexer over every token (json_lexer.Lexical)."},
+     "lex_tokens(data, offsets, lengths, table, why): the JSON lexer over every token (json_lexer.Lexical)."},
+    {"controls_in_strings", controls_in_strings, METH_O,
+     "controls_in_strings(ebnf): whether xgrammar's printed grammar may admit a raw control in a string."},
     {"fill_schema_rows", (PyCFunction)(void (*)(void))fill_schema_rows, METH_FASTCALL,
      "fill_schema_rows(matchers, bitmask, rows, batcher): schema rows, the structural ones in one xgrammar call."},
     {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask.base.storage.checksum)."},

@@ -80,7 +80,7 @@ from .fields import (
     text_array,
 )
 from .reading import dispatch, load_schema, load_schema_text
-from .structure import field_sentinel, structure_grammar
+from .structure import controls_in_strings, field_sentinel, structure_grammar
 from .support import Skeleton, require_xgrammar, vocabulary_support
 
 
@@ -132,7 +132,9 @@ class CompiledSchema(SchemaEngine):
                 grammar = support.grammar_compiler.compile_json_schema(text, **options.structure())
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
-            cached = support.keep_skeleton(skeleton, Skeleton("", (), grammar))
+            cached = support.keep_skeleton(
+                skeleton, Skeleton("", (), grammar, controls_in_strings(str(grammar.grammar)))
+            )
         if cached is None:
             try:
                 ebnf = str(xgrammar.Grammar.from_json_schema(text, **options.structure()))
@@ -151,13 +153,16 @@ class CompiledSchema(SchemaEngine):
                 fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, placeholder))
         if cached is None:
             grammar = support.grammar_compiler.compile_grammar(structure_grammar(ebnf, field_sentinels(fields)))
-            cached = support.keep_skeleton(skeleton, Skeleton(ebnf, tuple(placeholders), grammar))
+            cached = support.keep_skeleton(
+                skeleton, Skeleton(ebnf, tuple(placeholders), grammar, controls_in_strings(ebnf))
+            )
         self._ebnf = ebnf  # "" without trie fields: the compiled grammar's own text, when saved
-        self._finish(fields, cached.grammar)
+        self._finish(fields, cached.grammar, cached.controls)
         self._compile_seconds = time.perf_counter() - started
 
-    def _finish(self, fields: Sequence[Field], grammar: Any) -> None:
-        """What the fields and the structure's grammar imply (compiled or loaded alike)."""
+    def _finish(self, fields: Sequence[Field], grammar: Any, controls: bool) -> None:
+        """What the fields and the structure's grammar imply (compiled or loaded alike);
+        ``controls``: the grammar may admit a raw control character in a string."""
         self._fields = tuple(fields)
         self._grammar = grammar
         self._crossing: frozenset[int] = frozenset().union(*(f.crossing for f in fields))
@@ -166,7 +171,7 @@ class CompiledSchema(SchemaEngine):
         in_c = all(kernel is not None for kernel, _ in native)
         # (a tool's name is left for its arguments' grammar, which _exit compiles)
         plain_exits = type(self)._exit is SchemaEngine._exit
-        self._step_tables = self._support.step_tables(self._crossing, native if in_c else (), plain_exits)
+        self._step_tables = self._support.step_tables(self._crossing, native if in_c else (), plain_exits, controls)
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
             for prefix in {*f.enter_masks, *f.middle_by_prefix}:
@@ -398,7 +403,7 @@ class CompiledSchema(SchemaEngine):
                 raise AutomatonFileError(
                     f"{source} is corrupt: its structure's grammar does not compile ({error})", field="ebnf"
                 ) from None
-        self._finish(fields, grammar)
+        self._finish(fields, grammar, controls_in_strings(self._ebnf or str(grammar.grammar)))
         self._restore_described(described, meta, vocab, compiler)
         return self
 

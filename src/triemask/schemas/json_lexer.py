@@ -56,15 +56,28 @@ _LEXER = _lexer_table()
 _PLAIN_TEXT = re.compile(rb"[\x20-\x21\x23-\x5b\x5d-\x7e]*\Z")  # printable ASCII but quote and backslash
 
 
-def _lex(data: bytes, state: int) -> tuple[int, bool]:
-    """The lexer state after ``data`` from ``state`` (or ``LEX_REFUSED``), and whether a
-    refusal came at a byte outside strings other than 0xFF (a byte no JSON structure has)."""
+# Why a refusal happened, by the refused byte and the state it came in (what the C steps
+# may leave to xgrammar, which refuses the same by its grammar: see Lexical):
+REFUSED_ANYWHERE = 0  # a byte no JSON text holds there (not UTF-8, 0xFF, a bad escape)
+REFUSED_OUTSIDE = 1  # a byte outside strings other than 0xFF
+REFUSED_CONTROL = 2  # a raw control character (0x00-0x1F) inside a string, or after its backslash
+
+
+def _refusal(state: int, c: int) -> int:
+    if state == LEX_OUT:
+        return REFUSED_ANYWHERE if c == SENTINEL_LEAD else REFUSED_OUTSIDE
+    return REFUSED_CONTROL if state in (_IN, _ESCAPE) and c < 0x20 else REFUSED_ANYWHERE
+
+
+def _lex(data: bytes, state: int) -> tuple[int, int]:
+    """The lexer state after ``data`` from ``state`` (or ``LEX_REFUSED``), and why a refusal
+    came (``REFUSED_*``; 0 where none did)."""
     for c in data:
         following = _LEXER[state][c]
         if following == LEX_REFUSED:
-            return LEX_REFUSED, state == LEX_OUT and c != SENTINEL_LEAD
+            return LEX_REFUSED, _refusal(state, c)
         state = following
-    return state, False
+    return state, REFUSED_ANYWHERE
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,11 @@ class Lexical:
     # whitespace are ASCII), so the C step ANDs this sparser row (tests/test_schema_native.py
     # checks, against the reference's keep, that nothing else differs).
     string_keep: npt.NDArray[np.int32]
+    # string_keep, less the refusals of a raw control character inside a string: what the C
+    # step ANDs for a grammar none of whose character classes or literals admits one inside
+    # a string (structure.controls_in_strings), where xgrammar refuses them itself. Inside
+    # strings this row changes about 190 of Qwen's 4,748 words (string_keep: 2,058).
+    utf8_keep: npt.NDArray[np.int32]
 
     @classmethod
     def of(cls, vocab: Vocabulary, width: int) -> Lexical:
@@ -92,26 +110,27 @@ class Lexical:
         lengths, offsets, data = vocab.byte_table()
         n = len(lengths)
         if native is None:
-            after, outside = lex_reference([vocab.token_bytes(t) for t in range(n)])
+            after, why = lex_reference([vocab.token_bytes(t) for t in range(n)])
         else:
             found = native.lex_tokens(data, np.ascontiguousarray(offsets[:n]), lengths, *_C_TABLES)
             after = np.frombuffer(found[0], dtype=np.uint8).reshape(len(_LEXER_STATES), n)
-            outside = np.frombuffer(found[1], dtype=np.uint8).reshape(len(_LEXER_STATES), n).astype(bool)
+            why = np.frombuffer(found[1], dtype=np.uint8).reshape(len(_LEXER_STATES), n)
         refused = after == LEX_REFUSED
         return cls(
             tuple(row.tobytes() for row in after),
             _keep_rows(refused, width),
             refused.all(axis=0),
-            _keep_rows(refused & ~outside, width),
+            _keep_rows(refused & (why != REFUSED_OUTSIDE), width),
+            _keep_rows(refused & (why == REFUSED_ANYWHERE), width),
         )
 
 
-def lex_reference(tokens: Sequence[bytes | None]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.bool_]]:
-    """By start state and token: the lexer state after the token, and whether its refusal came
-    at a byte outside strings other than 0xFF (the Python reference of ``lex_tokens``)."""
+def lex_reference(tokens: Sequence[bytes | None]) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.uint8]]:
+    """By start state and token: the lexer state after the token, and why it was refused
+    (``REFUSED_*``, 0 where it was not; the Python reference of ``lex_tokens``)."""
     n = len(tokens)
     after = np.repeat(np.arange(len(_LEXER_STATES), dtype=np.uint8)[:, None], n, axis=1)  # specials move nothing
-    outside = np.zeros((len(_LEXER_STATES), n), dtype=bool)
+    why = np.zeros((len(_LEXER_STATES), n), dtype=np.uint8)
     for t, data in enumerate(tokens):
         if not data:
             continue
@@ -120,17 +139,15 @@ def lex_reference(tokens: Sequence[bytes | None]) -> tuple[npt.NDArray[np.uint8]
             after[_TAIL1:, t] = LEX_REFUSED
         else:
             for state in _LEXER_STATES:
-                after[state, t], outside[state, t] = _lex(data, state)
-    return after, outside
+                after[state, t], why[state, t] = _lex(data, state)
+    return after, why
 
 
 def _c_tables() -> tuple[bytes, bytes]:
-    """``lex_tokens``'s tables: the state after each byte by state, and whether refusing it
-    there is a refusal outside strings (not 0xFF)."""
-    outside = bytearray(len(_LEXER_STATES) * 256)
-    for c in range(256):
-        outside[LEX_OUT * 256 + c] = _LEXER[LEX_OUT][c] == LEX_REFUSED and c != SENTINEL_LEAD
-    return b"".join(_LEXER), bytes(outside)
+    """``lex_tokens``'s tables: the state after each byte by state, and why refusing that
+    byte there is a refusal (``REFUSED_*``)."""
+    why = bytes(_refusal(state, c) for state in _LEXER_STATES for c in range(256))
+    return b"".join(_LEXER), why
 
 
 _C_TABLES = _c_tables()

@@ -127,6 +127,7 @@ class Skeleton:
     ebnf: str
     placeholders: tuple[str, ...]  # by site
     grammar: Any
+    controls: bool  # the grammar may admit a raw control character in a string (controls_in_strings)
 
 
 class VocabularySupport:
@@ -178,7 +179,7 @@ class VocabularySupport:
         self.grammar_compiler = xgrammar.GrammarCompiler(self.info, cache_enabled=False)
         self._pieces: BoundedLRU[tuple[bytes, bytes], Pieces] = BoundedLRU(8)  # a handful of byte sets in practice
         self._skeletons: BoundedLRU[Hashable, Skeleton] = BoundedLRU(SKELETON_CACHE_BYTES)
-        self._plain_tables: Any = None  # the step tables of every schema without trie fields
+        self._plain_tables: dict[bool, Any] = {}  # the step tables of the schemas without trie fields
         self._lock = threading.Lock()
 
     @cached_property
@@ -201,17 +202,17 @@ class VocabularySupport:
         eos = np.zeros(self.vocab.vocab_size, dtype=np.uint8)
         eos[list(self.vocab.eos_token_ids)] = 1
         lo, hi = self.pseudo_words
-        keep = self.lexical.string_keep
-        states, words = np.nonzero(keep != -1)  # the words a state's keep row changes, by state
+        keep = np.concatenate([self.lexical.string_keep, self.lexical.utf8_keep])  # the two sets of rows
+        rows, words = np.nonzero(keep != -1)  # the words a keep row changes, by row
         return native.LexTables(
             tokens=self.tokens,
             after=b"".join(self.lexical.after),
             keep=keep,
             eos=eos,
             pseudo_keep=np.ascontiguousarray(self.pseudo_keep),
-            sparse_offsets=np.searchsorted(states, np.arange(len(keep) + 1)).astype(np.int64),
+            sparse_offsets=np.searchsorted(rows, np.arange(len(keep) + 1)).astype(np.int64),
             sparse_words=words.astype(np.int32),
-            sparse_masks=keep[states, words],
+            sparse_masks=keep[rows, words],
             vocab_size=self.vocab.vocab_size,
             xgr_width=self.xgr_width,
             pseudo_lo=lo,
@@ -219,25 +220,39 @@ class VocabularySupport:
             inline_pseudo=self.inline,
         )
 
-    def step_tables(self, crossing: frozenset[int], fields: tuple[tuple[Any, Any], ...], plain_exits: bool) -> Any:
+    def step_tables(
+        self, crossing: frozenset[int], fields: tuple[tuple[Any, Any], ...], plain_exits: bool, controls: bool
+    ) -> Any:
         """What the C steps of a schema read (``_native.StepTables``: :attr:`lex_tables`;
         ``crossing``, the tokens that may enter one of its fields; per field, its trie's kernel
         and flags by node; ``plain_exits``: a value's end resumes the structure on the same
-        matcher), or None without the C extension. One, shared, for every schema without trie
-        fields."""
+        matcher; ``controls``: its grammar may admit a raw control character inside a string,
+        :func:`~.structure.controls_in_strings`), or None without the C extension. Shared by
+        the schemas without trie fields that agree on ``controls``."""
         native = kernels.KERNELS
         if native is None or not handles_usable():
             return None
         if crossing or fields:  # (fields may be given empty: a field without a kernel)
             flags = np.zeros(len(self.tokens), dtype=np.uint8)
             flags[np.fromiter(crossing, dtype=np.int64, count=len(crossing))] = 1
-            return native.StepTables(lex=self.lex_tables, crossing=flags, fields=fields, plain_exits=plain_exits)
+            return native.StepTables(
+                lex=self.lex_tables,
+                crossing=flags,
+                fields=fields,
+                plain_exits=plain_exits,
+                controls_in_strings=controls,
+            )
         with self._lock:
-            found = self._plain_tables
+            found = self._plain_tables.get(controls)
         if found is None:
-            built = native.StepTables(lex=self.lex_tables, crossing=np.zeros(len(self.tokens), np.uint8), fields=())
+            built = native.StepTables(
+                lex=self.lex_tables,
+                crossing=np.zeros(len(self.tokens), np.uint8),
+                fields=(),
+                controls_in_strings=controls,
+            )
             with self._lock:
-                found = self._plain_tables = self._plain_tables or built
+                found = self._plain_tables.setdefault(controls, built)
         return found
 
     def skeleton(self, key: Hashable) -> Skeleton | None:

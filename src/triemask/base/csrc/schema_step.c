@@ -26,17 +26,22 @@
  *   tokens        tuple, by token id < n: the token's bytes, or None (special tokens)
  *   after         uint8 [LEX_STATES * n]: the lexer state after token t from state s, at
  *                 s * n + t (LEX_STATES: refused)
- *   keep          int32 [LEX_STATES * width]: per lexer state, the bitmask of tokens not refused
- *                 inside strings (outside them xgrammar's JSON structure holds no byte the
- *                 lexer refuses but 0xFF, which stays refused: Lexical.string_keep)
- *   sparse_*      the same rows as CSR (offsets int64 [LEX_STATES + 1], words and masks int32):
- *                 the words where a state's row is not all ones, ANDed one by one where they are
- *                 few (outside strings: about 300 of Qwen's 4,748 words)
+ *   keep          int32 [2 * LEX_STATES * width]: two sets of rows, one per lexer state: the
+ *                 bitmask of tokens not refused inside strings (outside them xgrammar's JSON
+ *                 structure holds no byte the lexer refuses but 0xFF, which stays refused:
+ *                 Lexical.string_keep), then the same less the refusals of a raw control
+ *                 character inside a string (Lexical.utf8_keep: for grammars that admit none
+ *                 there, structure.controls_in_strings)
+ *   sparse_*      the same rows as CSR (offsets int64 [2 * LEX_STATES + 1], words and masks
+ *                 int32): the words where a row is not all ones, ANDed one by one where they
+ *                 are few (outside strings: about 330 of Qwen's 4,748 words; inside them 2,058
+ *                 in the first set, 190 in the second)
  *   eos           uint8 [vocab_size]: 1 for the end-of-sequence ids
  *   pseudo_keep   int32 [pseudo_hi - pseudo_lo]: in xgrammar's words pseudo_lo .. pseudo_hi,
  *                 the bits of real tokens (the others are the extra tokens)
  *
- * StepTables: one compiled schema's part: its LexTables, `crossing` (uint8 [n]: 1 where the
+ * StepTables: one compiled schema's part: its LexTables, which set of keep rows its grammar
+ * needs (`controls_in_strings`), `crossing` (uint8 [n]: 1 where the
  * token may enter one of its fields), per field (Kernel, flags: uint8 by trie node,
  * FIELD_LEAF | FIELD_ACCEPTING | FIELD_EXITS, the last where a value may end inside a token),
  * and `plain_exits`: whether a value's end resumes the structure on the same matcher (not so
@@ -48,7 +53,7 @@
  * when _configs is another list than at the last call, and kept.
  */
 
-enum { LEX_STATES = 10, STRUCT_FIELD = -1 };
+enum { LEX_STATES = 10, KEEP_ROWS = 2 * LEX_STATES, STRUCT_FIELD = -1 };
 enum { FIELD_LEAF = 1, FIELD_ACCEPTING = 2, FIELD_EXITS = 4 }; /* a field node's flags */
 
 typedef struct {
@@ -57,7 +62,7 @@ typedef struct {
     Py_buffer after, keep, eos, pseudo_keep, sparse_offsets, sparse_words, sparse_masks;
     Py_ssize_t n, vocab_size, width, xgr_width, pseudo_lo, pseudo_hi;
     int inline_pseudo;
-    int sparse[LEX_STATES]; /* whether a state's row is ANDed word by word from the CSR */
+    int sparse[KEEP_ROWS]; /* whether a row is ANDed word by word from the CSR */
 } LexTables;
 
 static void release_views(Py_buffer *views, size_t count) {
@@ -102,7 +107,7 @@ static int LexTables_init(LexTables *self, PyObject *args, PyObject *kwds) {
     }
     Py_ssize_t n = PyTuple_GET_SIZE(tokens), width = (vocab_size + 31) / 32;
     int bad = vocab_size < 1 || n > vocab_size || self->after.len != LEX_STATES * n ||
-              self->keep.len != (Py_ssize_t)sizeof(int32_t) * LEX_STATES * width || self->eos.len != vocab_size ||
+              self->keep.len != (Py_ssize_t)sizeof(int32_t) * KEEP_ROWS * width || self->eos.len != vocab_size ||
               pseudo_lo < 0 || pseudo_hi < pseudo_lo || pseudo_hi > xgr_width ||
               self->pseudo_keep.len != (Py_ssize_t)sizeof(int32_t) * (pseudo_hi - pseudo_lo) ||
               (inline_pseudo ? xgr_width != width : (xgr_width <= width || pseudo_lo < width));
@@ -114,11 +119,11 @@ static int LexTables_init(LexTables *self, PyObject *args, PyObject *kwds) {
     const int64_t *offsets = (const int64_t *)self->sparse_offsets.buf;
     const int32_t *words = (const int32_t *)self->sparse_words.buf;
     Py_ssize_t count = self->sparse_words.len / (Py_ssize_t)sizeof(int32_t);
-    bad |= self->sparse_offsets.len != (Py_ssize_t)sizeof(int64_t) * (LEX_STATES + 1) ||
+    bad |= self->sparse_offsets.len != (Py_ssize_t)sizeof(int64_t) * (KEEP_ROWS + 1) ||
            self->sparse_masks.len != self->sparse_words.len || self->sparse_words.len % sizeof(int32_t) != 0;
-    for (int s = 0; !bad && s < LEX_STATES; s++) {
-        bad = offsets[0] != 0 || offsets[s + 1] < offsets[s] || offsets[LEX_STATES] != count;
-        self->sparse[s] = !bad && 8 * (offsets[s + 1] - offsets[s]) <= width;
+    for (int r = 0; !bad && r < KEEP_ROWS; r++) {
+        bad = offsets[0] != 0 || offsets[r + 1] < offsets[r] || offsets[KEEP_ROWS] != count;
+        self->sparse[r] = !bad && 8 * (offsets[r + 1] - offsets[r]) <= width;
     }
     for (Py_ssize_t i = 0; !bad && i < count; i++) {
         bad = words[i] < 0 || words[i] >= width;
@@ -159,6 +164,7 @@ typedef struct {
     Kernel **kernels;        /* borrowed from `fields` */
     Py_buffer *flags;        /* one per field: uint8 by node */
     int plain_exits;         /* a value's end resumes the structure on the same matcher */
+    int keep_rows;           /* the first of the lexer's keep rows the grammar needs */
 } StepTables;
 
 static void StepTables_dealloc(StepTables *self) {
@@ -177,14 +183,14 @@ static void StepTables_dealloc(StepTables *self) {
 
 static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     PyObject *lex, *crossing, *fields;
-    int plain_exits = 0;
-    static char *names[] = {"lex", "crossing", "fields", "plain_exits", NULL};
+    int plain_exits = 0, controls = 1;
+    static char *names[] = {"lex", "crossing", "fields", "plain_exits", "controls_in_strings", NULL};
     if (self->lex != NULL) {
         PyErr_SetString(PyExc_TypeError, "StepTables are built once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!|p", names, &LexTablesType, &lex, &crossing, &PyTuple_Type,
-                                     &fields, &plain_exits)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!|pp", names, &LexTablesType, &lex, &crossing, &PyTuple_Type,
+                                     &fields, &plain_exits, &controls)) {
         return -1;
     }
     if (PyObject_GetBuffer(crossing, &self->crossing, PyBUF_C_CONTIGUOUS) < 0) {
@@ -224,8 +230,15 @@ static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     Py_INCREF(fields);
     self->fields = fields;
     self->plain_exits = plain_exits;
+    self->keep_rows = controls ? 0 : LEX_STATES;
     return 0;
 }
+
+static PyMemberDef StepTables_members[] = {
+    {"keep_rows", T_INT, offsetof(StepTables, keep_rows), READONLY,
+     "the first keep row ANDed: 0 (controls in strings possible), else LEX_STATES"},
+    {NULL, 0, 0, 0, NULL},
+};
 
 static PyTypeObject StepTablesType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -233,6 +246,7 @@ static PyTypeObject StepTablesType = {
     .tp_basicsize = sizeof(StepTables),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "What the C steps of one mixed schema read (see schema_step.c).",
+    .tp_members = StepTables_members,
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)StepTables_init,
     .tp_dealloc = (destructor)StepTables_dealloc,
@@ -343,20 +357,20 @@ static NOINLINE void and_words(int32_t *out, const int32_t *from, const int32_t 
     }
 }
 
-/* out = from & the lexer's keep row of `state` (`from` may be `out`; word by word where the
- * row changes few words, else one vectorised pass) */
-static void and_keep(const LexTables *l, long long state, const int32_t *from, int32_t *out) {
-    if (l->sparse[state]) {
+/* out = from & the lexer's keep row `row` (`from` may be `out`; word by word where the row
+ * changes few words, else one vectorised pass) */
+static void and_keep(const LexTables *l, long long row, const int32_t *from, int32_t *out) {
+    if (l->sparse[row]) {
         const int64_t *offsets = (const int64_t *)l->sparse_offsets.buf;
         const int32_t *words = (const int32_t *)l->sparse_words.buf, *masks = (const int32_t *)l->sparse_masks.buf;
         if (from != out) {
             memcpy(out, from, sizeof(int32_t) * (size_t)l->width);
         }
-        for (int64_t i = offsets[state]; i < offsets[state + 1]; i++) {
+        for (int64_t i = offsets[row]; i < offsets[row + 1]; i++) {
             out[words[i]] &= masks[i];
         }
     } else {
-        and_words(out, from, (const int32_t *)l->keep.buf + state * l->width, l->width);
+        and_words(out, from, (const int32_t *)l->keep.buf + row * l->width, l->width);
     }
 }
 
@@ -515,7 +529,8 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
  * an extra token's bit is set (a field may be entered: the reference fills the row again),
  * else the row `out` written (xgrammar's words with the lexer's keep row) and 1. */
 static int SchemaCore_finish_row(SchemaCore *self, const int32_t *xgr, int32_t *out) {
-    const LexTables *l = ((const StepTables *)self->tables)->lex;
+    const StepTables *t = (const StepTables *)self->tables;
+    const LexTables *l = t->lex;
     const int32_t *pseudo_keep = (const int32_t *)l->pseudo_keep.buf;
     int32_t pseudo = 0;
     for (Py_ssize_t w = l->pseudo_lo; w < l->pseudo_hi; w++) {
@@ -524,7 +539,7 @@ static int SchemaCore_finish_row(SchemaCore *self, const int32_t *xgr, int32_t *
     if (pseudo) {
         return 0;
     }
-    and_keep(l, self->lexer, xgr, out);
+    and_keep(l, t->keep_rows + self->lexer, xgr, out);
     Py_INCREF(self->configs);
     Py_SETREF(self->filled, self->configs); /* no field can be entered from these configurations */
     return 1;
@@ -722,26 +737,26 @@ done:
     return result;
 }
 
-/* lex_tokens(data, offsets, lengths, table, outside) -> (after, refused_outside): the JSON
+/* lex_tokens(data, offsets, lengths, table, why) -> (after, refusals): the JSON
  * lexer over every token from every state (json_lexer.Lexical, its Python loop the reference).
  * Token t is data[offsets[t] : offsets[t] + lengths[t]] (int64, int32; a negative length: no
  * bytes, it moves nothing); table: uint8 [LEX_STATES * 256], the state after a byte
- * (LEX_STATES: refused); outside: uint8 [LEX_STATES * 256], whether refusing that byte from that
- * state counts as a refusal outside strings. Both answers are bytearrays [LEX_STATES * n], by
- * start state then token: the state after the token, and whether its refusal was outside. */
+ * (LEX_STATES: refused); why: uint8 [LEX_STATES * 256], why refusing that byte from that state
+ * is a refusal (json_lexer.REFUSED_*). Both answers are bytearrays [LEX_STATES * n], by start
+ * state then token: the state after the token, and why it was refused (0 where it was not). */
 static PyObject *lex_tokens(PyObject *module, PyObject *args) {
-    Py_buffer data, offsets, lengths, table, outside;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*", &data, &offsets, &lengths, &table, &outside)) {
+    Py_buffer data, offsets, lengths, table, why;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*", &data, &offsets, &lengths, &table, &why)) {
         return NULL;
     }
-    PyObject *after = NULL, *refused_outside = NULL, *result = NULL;
+    PyObject *after = NULL, *refusals = NULL, *result = NULL;
     Py_ssize_t n = lengths.len / (Py_ssize_t)sizeof(int32_t);
     const int64_t *offs = (const int64_t *)offsets.buf;
     const int32_t *lens = (const int32_t *)lengths.buf;
     const uint8_t *bytes = (const uint8_t *)data.buf, *next = (const uint8_t *)table.buf,
-                  *away = (const uint8_t *)outside.buf;
+                  *reason = (const uint8_t *)why.buf;
     int bad = offsets.len != n * (Py_ssize_t)sizeof(int64_t) || lengths.len % sizeof(int32_t) != 0 ||
-              table.len != LEX_STATES * 256 || outside.len != LEX_STATES * 256;
+              table.len != LEX_STATES * 256 || why.len != LEX_STATES * 256;
     for (Py_ssize_t i = 0; !bad && i < LEX_STATES * 256; i++) {
         bad = next[i] > LEX_STATES;
     }
@@ -753,21 +768,21 @@ static PyObject *lex_tokens(PyObject *module, PyObject *args) {
         goto done;
     }
     after = PyByteArray_FromStringAndSize(NULL, LEX_STATES * n);
-    refused_outside = PyByteArray_FromStringAndSize(NULL, LEX_STATES * n);
-    if (after == NULL || refused_outside == NULL) {
+    refusals = PyByteArray_FromStringAndSize(NULL, LEX_STATES * n);
+    if (after == NULL || refusals == NULL) {
         goto done;
     }
-    uint8_t *a = (uint8_t *)PyByteArray_AS_STRING(after), *o = (uint8_t *)PyByteArray_AS_STRING(refused_outside);
+    uint8_t *a = (uint8_t *)PyByteArray_AS_STRING(after), *o = (uint8_t *)PyByteArray_AS_STRING(refusals);
     Py_BEGIN_ALLOW_THREADS
     for (int s = 0; s < LEX_STATES; s++) {
         for (Py_ssize_t t = 0; t < n; t++) {
-            int state = s, away_refusal = 0;
+            int state = s, refusal = 0;
             if (lens[t] > 0) {
                 const uint8_t *p = bytes + offs[t], *end = p + lens[t];
                 for (; p < end; p++) {
                     int following = next[state * 256 + *p];
                     if (following == LEX_STATES) {
-                        away_refusal = away[state * 256 + *p];
+                        refusal = reason[state * 256 + *p];
                         state = LEX_STATES;
                         break;
                     }
@@ -775,18 +790,18 @@ static PyObject *lex_tokens(PyObject *module, PyObject *args) {
                 }
             }
             a[s * n + t] = (uint8_t)state;
-            o[s * n + t] = (uint8_t)away_refusal;
+            o[s * n + t] = (uint8_t)refusal;
         }
     }
     Py_END_ALLOW_THREADS
-    result = PyTuple_Pack(2, after, refused_outside);
+    result = PyTuple_Pack(2, after, refusals);
 done:
     Py_XDECREF(after);
-    Py_XDECREF(refused_outside);
+    Py_XDECREF(refusals);
     PyBuffer_Release(&data);
     PyBuffer_Release(&offsets);
     PyBuffer_Release(&lengths);
     PyBuffer_Release(&table);
-    PyBuffer_Release(&outside);
+    PyBuffer_Release(&why);
     return result;
 }
