@@ -10,6 +10,7 @@ outside strings that the JSON lexer refuses.
 
 from __future__ import annotations
 
+import json
 import random
 from typing import Any
 
@@ -35,7 +36,15 @@ from triemask.schemas.json_lexer import (
     Lexical,
     lex_reference,
 )
-from triemask.schemas.structure import VALUE_FIRST, value_end_offsets, value_ends, value_start_offsets, value_starts
+from triemask.schemas.structure import (
+    VALUE_FIRST,
+    controls_in_strings,
+    controls_in_strings_reference,
+    value_end_offsets,
+    value_ends,
+    value_start_offsets,
+    value_starts,
+)
 
 pytest.importorskip("xgrammar")
 native_only = pytest.mark.skipif(kernels.KERNELS is None, reason="the C extension is not built")
@@ -330,3 +339,62 @@ def test_without_xgrammars_handle_every_step_is_the_references(
             break
         token = rng.choice(allowed)
         assert ours.accept_token(token) and theirs.accept_token(token)
+
+
+# Pieces of xgrammar's printed EBNF: quotes, brackets, escapes (named, hex, cut), rule names,
+# calls, controls raw and escaped, non-ASCII.
+_EBNF_PIECES = st.lists(
+    st.sampled_from(
+        [*'"[]^-\\x0nt U(a_\n\x01é|~*\t', "1f", "u00", "::=", "{0, 5}", "\\x1f", "\\0-\\x1f", "[ \\n\\r\\t]"]
+    ),
+    max_size=14,
+).map("".join)
+
+
+@native_only
+@settings(max_examples=400, deadline=None)
+@given(text=_EBNF_PIECES)
+def test_controls_in_strings_in_c_equals_the_reference(text: str) -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    assert native.controls_in_strings(text) == controls_in_strings_reference(text), repr(text)
+
+
+@pytest.mark.parametrize(
+    ("schema", "controls"),
+    [
+        ({"type": "string"}, False),
+        ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "number"}}}}, False),
+        ({"type": "string", "format": "email"}, False),
+        ({"const": "a\u0001b"}, False),  # (JSON-escaped in the literal: no raw control)
+        ({"type": "string", "maxLength": 5}, True),
+        ({"type": "string", "minLength": 1}, True),
+        ({"type": "string", "pattern": "^a.b$"}, True),
+        ({"type": "object", "additionalProperties": {"type": "string", "maxLength": 3}}, True),
+    ],
+)
+def test_controls_in_strings_reads_xgrammars_grammars(schema: dict[str, Any], controls: bool) -> None:
+    import xgrammar
+
+    for any_whitespace in (False, True):
+        text = str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_whitespace))
+        assert controls_in_strings_reference(text) is controls
+        assert controls_in_strings(text) is controls
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'root ::= "a',  # a literal left open
+        "root ::= [a",  # a class left open
+        'root ::= Regex("a")',  # a construct called by name
+        'root ::= ("a" | [\\x01])',  # a control in a class
+        "root ::= [^\\0-\\x1e]",  # a negated class that leaves 0x1F
+        'root ::= "\\q"',  # an unknown escape
+        "root ::= [\\t\\na]",  # whitespace mixed with other characters
+        'root ::= "x\\n"',  # a literal with a newline beside text
+        "root ::= [^\\0-\\x1f] ~",  # a character the printer never writes between items
+    ],
+)
+def test_controls_in_strings_is_true_where_it_cannot_tell(text: str) -> None:
+    assert controls_in_strings_reference(text) and controls_in_strings(text)
