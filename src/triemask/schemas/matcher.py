@@ -6,6 +6,7 @@ import json
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -293,6 +294,9 @@ class SchemaMatcher(_Core):
         return f"SchemaMatcher(output={bytes(self._output)[-40:]!r}, configurations={len(self._configs)})"
 
 
+_SCHEMA_OF = attrgetter("_schema")
+
+
 def fill_next_token_bitmasks(
     matchers: Sequence[SchemaMatcher], bitmask: Any, rows: Sequence[int] | None = None
 ) -> None:
@@ -302,24 +306,27 @@ def fill_next_token_bitmasks(
     checks of :meth:`SchemaMatcher.fill_next_token_bitmask`. With the C extension, the rows
     in the JSON structure go to xgrammar's ``BatchGrammarMatcher`` in one call (its threads).
     """
-    if not isinstance(matchers, Sequence) or not all(isinstance(m, SchemaMatcher) for m in matchers):
+    # (checked per distinct type and schema: a batch holds one or a few of each)
+    if not isinstance(matchers, Sequence) or not all(issubclass(t, SchemaMatcher) for t in set(map(type, matchers))):
         raise ArgumentTypeError(f"matchers must be a sequence of SchemaMatcher objects, got {matchers!r:.60}")
     if not matchers:
         return
     array = as_bitmask_array(bitmask, matchers[0].schema.vocab_size)
     if rows is None:
         targets = list(range(len(matchers)))
+        lowest, highest = 0, len(matchers) - 1
     elif not isinstance(rows, Iterable | np.ndarray):
         raise ArgumentTypeError(f"rows must be a sequence of integers, got {type(rows).__name__}")
     else:
         targets = [integer(r, "rows") for r in rows]
+        lowest, highest = min(targets, default=0), max(targets, default=0)
     if len(targets) != len(matchers):
         raise StateError(f"rows must be {len(matchers)} integers (one per matcher), got {len(targets)}")
-    if targets and not 0 <= min(targets) <= max(targets) < array.shape[0]:
+    if not 0 <= lowest <= highest < array.shape[0]:
         outside = next(t for t in targets if not 0 <= t < array.shape[0])
         raise StateError(f"row {outside} is outside the bitmask's {array.shape[0]} rows")
-    first = matchers[0]._schema  # a batch holds a few schemas, most often one
-    if any(m._schema is not first and m._schema.vocab_size != first.vocab_size for m in matchers):
+    schemas = list(map(_SCHEMA_OF, matchers))  # (one schema, most often: counted by identity)
+    if schemas.count(schemas[0]) != len(schemas) and len({s.vocab_size for s in schemas}) > 1:
         raise StateError("all matchers of one batch must share a vocabulary size")
     native = kernels.KERNELS
     if native is None or not handles_usable():
