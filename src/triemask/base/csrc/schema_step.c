@@ -386,6 +386,10 @@ static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *follo
     if (entry == NULL) {
         return -1;
     }
+    /* No cycle passes through an entry (nothing it holds refers to the matcher whose history
+     * holds it), so the garbage collector need not track one: a long output's history would
+     * otherwise be traversed at every collection, and collections come sooner. */
+    PyObject_GC_UnTrack(entry);
     PyObject *done = PyObject_CallMethodOneArg(self->history, str_append, entry);
     Py_DECREF(entry);
     if (done == NULL) {
@@ -497,6 +501,15 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
         }
         PyList_SET_ITEM(configs, 0, config);
         int failed = SchemaCore_step(self, Py_None, configs, lexer, data);
+        if (!failed && !(flags[following] & (FIELD_LEAF | FIELD_ACCEPTING))) {
+            /* still inside the value: what the new configurations are is known here, so the
+             * next call looks nothing up (field and tables unchanged) */
+            Py_INCREF(configs);
+            Py_SETREF(self->resolved, configs);
+            Py_INCREF(config);
+            Py_SETREF(self->config, config);
+            self->node = following;
+        }
         Py_DECREF(configs);
         if (failed) {
             return NULL;
