@@ -45,6 +45,7 @@ from triemask.schemas.structure import (
     value_start_offsets,
     value_starts,
 )
+from triemask.schemas.support import split_tokens
 
 pytest.importorskip("xgrammar")
 native_only = pytest.mark.skipif(kernels.KERNELS is None, reason="the C extension is not built")
@@ -290,6 +291,12 @@ def test_vocabulary_preparation_equals_the_per_token_reference(tokens: list[byte
         assert list(zip(ids.tolist(), at.tolist(), strict=True)) == [
             (t, i) for t, text in enumerate(texts) if text for i in value_end_offsets(text, first)
         ]
+    assert split_tokens(data, offsets[: len(lengths)], lengths) == tuple(texts)
+    native, kernels.KERNELS = kernels.KERNELS, None  # the Python expression too
+    try:
+        assert split_tokens(data, offsets[: len(lengths)], lengths) == tuple(texts)
+    finally:
+        kernels.KERNELS = native
     lexical = Lexical.of(vocab, (vocab.vocab_size + 31) // 32)
     after, why = lex_reference(texts)
     assert lexical.after == tuple(row.tobytes() for row in after)

@@ -63,6 +63,8 @@ static PyMethodDef module_methods[] = {
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},
+    {"split_tokens", split_tokens, METH_VARARGS,
+     "split_tokens(data, offsets, lengths): each token's bytes, or None (VocabularySupport.tokens)."},
     {"lex_tokens", lex_tokens, METH_VARARGS,
      "lex_tokens(data, offsets, lengths, table, why): the JSON lexer over every token (json_lexer.Lexical)."},
     {"controls_in_strings", controls_in_strings, METH_O,

@@ -45,15 +45,19 @@ def value_starts(
     :meth:`Vocabulary.byte_table` gives them. Returns the tokens and the offsets in them,
     ordered by token then offset."""
     ids, rank, byte = _token_bytes(data, offsets, lengths)
-    if not len(byte):
-        return ids, rank
-    # the last byte before each position that is not JSON whitespace, within the token
-    index = np.arange(len(byte))
-    last_solid = np.maximum.accumulate(np.where(_WHITESPACE[byte], -1, index))
-    before = np.concatenate([[-1], last_solid[:-1]]).astype(np.int64)
-    inside = before >= index - rank
-    ok = _byte_set(first)[byte] & (~inside | _byte_set(b":,[")[byte[np.maximum(before, 0)]])
-    return ids[ok], rank[ok]
+    at = np.flatnonzero(_byte_set(first)[byte])  # the places a value could start at
+    start = at - rank[at]  # (the first byte of its token)
+    # the last byte before each place that is not JSON whitespace, within the token (runs
+    # of whitespace are short: the loop steps back over the places still on one)
+    before = at - 1
+    moving = np.flatnonzero(before >= start)
+    moving = moving[_WHITESPACE[byte[before[moving]]]]
+    while len(moving):
+        before[moving] -= 1
+        moving = moving[before[moving] >= start[moving]]
+        moving = moving[_WHITESPACE[byte[before[moving]]]]
+    ok = (before < start) | _byte_set(b":,[")[byte[np.maximum(before, 0)]]
+    return ids[at[ok]], rank[at[ok]]
 
 
 def value_ends(

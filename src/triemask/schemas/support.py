@@ -12,6 +12,7 @@ from importlib.metadata import version
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..base import BoundedLRU, bitmask_width, kernels
 from ..vocab import TokenIndex, Vocabulary
@@ -130,6 +131,23 @@ class Skeleton:
     controls: bool  # the grammar may admit a raw control character in a string (controls_in_strings)
 
 
+def split_tokens(
+    table: bytes, offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int32]
+) -> tuple[bytes | None, ...]:
+    """Each token's bytes (None for a special token) from :meth:`Vocabulary.byte_table`'s
+    parts: in C where the extension is built (5 ms for Qwen's 151,665 tokens against 30 ms),
+    else by the Python expression the tests compare it with."""
+    native = kernels.KERNELS
+    if native is not None:
+        found: tuple[bytes | None, ...] = native.split_tokens(table, np.ascontiguousarray(offsets), lengths)
+        return found
+    ends = offsets + np.maximum(lengths, 0)
+    return tuple(
+        None if length < 0 else table[start:end]
+        for length, start, end in zip(lengths.tolist(), offsets.tolist(), ends.tolist(), strict=True)
+    )
+
+
 class VocabularySupport:
     """What every mixed schema of one vocabulary shares: xgrammar's tokenizer info
     (the real tokens, then one ``p + 0xFF`` token per structural prefix ``p``), the
@@ -141,11 +159,7 @@ class VocabularySupport:
         self.vocab = vocab
         lengths, offsets, table = vocab.byte_table()
         offsets = offsets[: len(lengths)]  # (the table has one offset more: the end)
-        ends = offsets + np.maximum(lengths, 0)
-        self.tokens: tuple[bytes | None, ...] = tuple(  # (the C steps share this tuple)
-            None if length < 0 else table[start:end]
-            for length, start, end in zip(lengths.tolist(), offsets.tolist(), ends.tolist(), strict=True)
-        )
+        self.tokens: tuple[bytes | None, ...] = split_tokens(table, offsets, lengths)  # (the C steps share it)
         self.width = bitmask_width(vocab.vocab_size)
         # Real tokens holding 0xFF (a sentinel's lead byte, never in UTF-8 text) or raw
         # control bytes where strict JSON has none are refused by the lexer tables.

@@ -750,6 +750,43 @@ done:
     return result;
 }
 
+/* split_tokens(data, offsets, lengths) -> tuple: token t's bytes data[offsets[t] : offsets[t] +
+ * lengths[t]] (int64, int32), or None where lengths[t] < 0 (VocabularySupport.tokens; its
+ * Python expression the reference). */
+static PyObject *split_tokens(PyObject *module, PyObject *args) {
+    Py_buffer data, offsets, lengths;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &data, &offsets, &lengths)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t n = lengths.len / (Py_ssize_t)sizeof(int32_t);
+    const int64_t *offs = (const int64_t *)offsets.buf;
+    const int32_t *lens = (const int32_t *)lengths.buf;
+    int bad = offsets.len != n * (Py_ssize_t)sizeof(int64_t) || lengths.len % sizeof(int32_t) != 0;
+    for (Py_ssize_t t = 0; !bad && t < n; t++) {
+        bad = lens[t] >= 0 && (offs[t] < 0 || offs[t] > data.len - lens[t]);
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "split_tokens: inconsistent token table");
+        goto done;
+    }
+    result = PyTuple_New(n);
+    for (Py_ssize_t t = 0; result != NULL && t < n; t++) {
+        PyObject *token = lens[t] < 0 ? (Py_INCREF(Py_None), Py_None)
+                                      : PyBytes_FromStringAndSize((const char *)data.buf + offs[t], lens[t]);
+        if (token == NULL) {
+            Py_CLEAR(result);
+            break;
+        }
+        PyTuple_SET_ITEM(result, t, token);
+    }
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&offsets);
+    PyBuffer_Release(&lengths);
+    return result;
+}
+
 /* lex_tokens(data, offsets, lengths, table, why) -> (after, refusals): the JSON
  * lexer over every token from every state (json_lexer.Lexical, its Python loop the reference).
  * Token t is data[offsets[t] : offsets[t] + lengths[t]] (int64, int32; a negative length: no
