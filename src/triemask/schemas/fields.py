@@ -74,8 +74,10 @@ def compile_field(
             raise SchemaError(f"{path}: {exc}", path=path) from None
     else:
         texts = json_texts(values, path)
-        first = bytes(sorted({t[0] for t in texts}))
-        last = bytes(sorted({t[-1] for t in texts}))
+        if all(type(value) is str for value in values):  # (most fields: every text is in quotes)
+            first = last = b'"'
+        else:
+            first, last = bytes(sorted({t[0] for t in texts})), bytes(sorted({t[-1] for t in texts}))
         pieces = support.pieces(first, last)
         try:
             automaton, (piece_ids, dests, offsets) = compiler.compile_matching(texts, pieces.index)
@@ -89,12 +91,10 @@ def compile_field(
     n = automaton.num_nodes
     accepting = np.zeros(n + 1, dtype=bool)
     accepting[accepting_nodes] = True
-    # a value is a leaf unless another value extends it (sorted: then the next one does;
-    # a pattern's text ends with its closing quote, which nothing extends)
-    ordered = sorted(texts)
-    extended = {a for a, b in pairwise(ordered) if b.startswith(a)}
+    # a value is a leaf unless another value extends it (sorted: then the next one does; a
+    # string's text, or a pattern's, ends with its closing quote, which nothing extends)
     leaves = accepting.copy()
-    if extended:
+    if first != b'"' and any(b.startswith(a) for a, b in pairwise(sorted(texts))):
         for node in accepting_nodes.tolist():
             if automaton.allowed_token_ids(node).size:
                 leaves[node] = False
