@@ -22,7 +22,16 @@ from hypothesis import strategies as st
 from conftest import byte_vocabulary
 from test_schema_strictness import FREE, STRICT_MERGES, TRIE
 from test_schemas import TOOLS
-from triemask import BitmaskError, Compiler, Matcher, SchemaMatcher, StateError, Vocabulary, fill_next_token_bitmasks
+from triemask import (
+    ArgumentTypeError,
+    BitmaskError,
+    Compiler,
+    Matcher,
+    SchemaMatcher,
+    StateError,
+    Vocabulary,
+    fill_next_token_bitmasks,
+)
 from triemask.automata import native_kernel
 from triemask.base import kernels
 from triemask.schemas import clear_structure_cache
@@ -193,6 +202,25 @@ def test_batch_equals_rows(vocab: Vocabulary) -> None:
         assert np.array_equal(bitmask[row], expected[0])
     untouched = sorted(set(range(50)) - set(rows))
     assert (bitmask[untouched] == -1).all()
+    # a tuple of matchers and of rows; no rows (row i for matcher i)
+    again = np.full((50, width), -1, dtype=np.int32)
+    fill_next_token_bitmasks(tuple(matchers), again, tuple(rows))
+    assert np.array_equal(again, bitmask)
+    in_order = np.zeros((len(matchers), width), dtype=np.int32)
+    fill_next_token_bitmasks(matchers, in_order)
+    assert np.array_equal(in_order, bitmask[rows])
+    # what the C checks do not take is checked in Python before anything is written
+    other = Matcher(Compiler(byte_vocabulary([b"ab", b"cd" * 40])).compile_json_schema(EVERY_KIND))
+    for bad, error in [
+        ([*matchers[:3], other], StateError),  # another vocabulary's width
+        ([*matchers[:3], object()], ArgumentTypeError),
+    ]:
+        untouched_mask = np.full((50, width), -1, dtype=np.int32)
+        with pytest.raises(error):
+            fill_next_token_bitmasks(bad, untouched_mask)  # type: ignore[arg-type]
+        assert (untouched_mask == -1).all()
+    with pytest.raises(StateError, match="outside"):
+        fill_next_token_bitmasks(matchers[:2], bitmask, (0, 50))
     # a buffer the C side does not take (a read-only copy, then a torch tensor) fails or fills alike
     frozen = bitmask.copy()
     frozen.flags.writeable = False

@@ -70,7 +70,8 @@ static PyMethodDef module_methods[] = {
     {"controls_in_strings", controls_in_strings, METH_O,
      "controls_in_strings(ebnf): whether xgrammar's printed grammar may admit a raw control in a string."},
     {"fill_schema_rows", (PyCFunction)(void (*)(void))fill_schema_rows, METH_FASTCALL,
-     "fill_schema_rows(matchers, bitmask, rows, batcher): schema rows, the structural ones in one xgrammar call."},
+     "fill_schema_rows(matchers, bitmask, rows, batcher): schema rows, the structural ones in one xgrammar call\n"
+     "(True), or None to defer to fill_next_token_bitmasks's checks."},
     {"checksum", checksum, METH_O, "The file format's checksum of a buffer (see triemask.base.storage.checksum)."},
     {"spelled_edges", spelled_edges, METH_VARARGS,
      "The first edge whose token does not spell its path, or -1 (see _automaton.first_misspelled_edge)."},

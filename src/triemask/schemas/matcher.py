@@ -304,8 +304,12 @@ def fill_next_token_bitmasks(
 
     The serving-engine entry point: it checks the buffer once and skips the per-call
     checks of :meth:`SchemaMatcher.fill_next_token_bitmask`. With the C extension, the rows
-    in the JSON structure go to xgrammar's ``BatchGrammarMatcher`` in one call (its threads).
+    in the JSON structure go to xgrammar's ``BatchGrammarMatcher`` in one call (its threads),
+    and the checks are C's too (anything they do not take is checked here, and raises).
     """
+    native = kernels.KERNELS if handles_usable() else None
+    if native is not None and native.fill_schema_rows(matchers, bitmask, rows, _batcher()._handle):
+        return
     # (checked per distinct type and schema: a batch holds one or a few of each)
     if not isinstance(matchers, Sequence) or not all(issubclass(t, SchemaMatcher) for t in set(map(type, matchers))):
         raise ArgumentTypeError(f"matchers must be a sequence of SchemaMatcher objects, got {matchers!r:.60}")
@@ -328,12 +332,9 @@ def fill_next_token_bitmasks(
     schemas = list(map(_SCHEMA_OF, matchers))  # (one schema, most often: counted by identity)
     if schemas.count(schemas[0]) != len(schemas) and len({s.vocab_size for s in schemas}) > 1:
         raise StateError("all matchers of one batch must share a vocabulary size")
-    native = kernels.KERNELS
-    if native is None or not handles_usable():
+    if native is None or not native.fill_schema_rows(list(matchers), array, targets, _batcher()._handle):
         for matcher, target in zip(matchers, targets, strict=True):
             matcher.fill_next_token_bitmask(array, target)
-        return
-    native.fill_schema_rows(list(matchers), array, targets, _batcher()._handle)
 
 
 _BATCHERS = threading.local()

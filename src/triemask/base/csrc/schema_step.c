@@ -673,44 +673,75 @@ static PyTypeObject SchemaCoreType = {
     .tp_members = SchemaCore_members,
 };
 
-/* fill_schema_rows(matchers, bitmask, rows, batcher) -> None: row rows[i] of `bitmask` (a
- * C-contiguous int32 ndarray) for matchers[i] (SchemaCore instances; rows: a list of exact
- * ints). The structural rows go to xgrammar's BatchGrammarMatcher (`batcher`: its handle) in
- * one call, then the lexer's rows; every other row through its matcher's own fill (which
- * defers to the reference where it must). */
+/* The row width of a matcher's schema (its step tables'), or -1 where it has none. */
+static Py_ssize_t SchemaCore_width(SchemaCore *m) {
+    if (SchemaCore_resolve(m) != RESOLVED_OTHER) {
+        return ((const StepTables *)m->tables)->lex->width;
+    }
+    PyObject *tables = m->schema == NULL ? NULL : PyObject_GetAttr(m->schema, str_step_tables);
+    Py_ssize_t width = tables != NULL && Py_TYPE(tables) == &StepTablesType ? ((StepTables *)tables)->lex->width : -1;
+    if (tables == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(tables);
+    return width;
+}
+
+/* fill_schema_rows(matchers, bitmask, rows, batcher) -> True, or None to defer: row rows[i] of
+ * `bitmask` for matchers[i] (rows None: row i). The structural rows go to xgrammar's
+ * BatchGrammarMatcher (`batcher`: its handle) in one call, then the lexer's rows; every other
+ * row through its matcher's own fill (which defers to the reference where it must).
+ * Everything is checked before a row is written, and anything but a list or tuple of matchers
+ * (SchemaCore instances) whose schemas' rows are the bitmask's width, a C-contiguous writable
+ * int32 ndarray, and rows None or a list or tuple of exact ints inside the bitmask, one per
+ * matcher, is None: fill_next_token_bitmasks's checks raise the typed error. */
 static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4 || !PyList_CheckExact(args[0]) || !PyList_CheckExact(args[2]) ||
-        PyList_GET_SIZE(args[0]) != PyList_GET_SIZE(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "fill_schema_rows(matchers, bitmask, rows, batcher): two lists of one length");
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "fill_schema_rows(matchers, bitmask, rows, batcher)");
         return NULL;
     }
     PyObject *matchers = args[0], *bitmask = args[1], *rows = args[2];
-    Py_ssize_t n = PyList_GET_SIZE(matchers);
     const ArrayHeader *h = (const ArrayHeader *)bitmask;
     const int needed = ARRAY_C_CONTIGUOUS | ARRAY_ALIGNED | ARRAY_WRITEABLE;
-    int batchable = ndarray_type != NULL && Py_TYPE(bitmask) == ndarray_type && h->descr == int32_descr &&
-                    h->nd == 2 && (h->flags & needed) == needed;
-    PyObject *handles = PyList_New(0), *indices = PyList_New(0);
-    char *batched = calloc((size_t)n + 1, 1);
-    PyObject *result = NULL;
-    if (handles == NULL || indices == NULL || batched == NULL) {
+    if (!(PyList_CheckExact(matchers) || PyTuple_CheckExact(matchers)) ||
+        !(rows == Py_None || PyList_CheckExact(rows) || PyTuple_CheckExact(rows)) || ndarray_type == NULL ||
+        Py_TYPE(bitmask) != ndarray_type || h->descr != int32_descr || h->nd != 2 || (h->flags & needed) != needed) {
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(matchers);
+    if (rows != Py_None && PySequence_Fast_GET_SIZE(rows) != n) {
+        Py_RETURN_NONE;
+    }
+    PyObject **items = PySequence_Fast_ITEMS(matchers);
+    int64_t *targets = PyMem_Malloc(sizeof(int64_t) * ((size_t)n + 1));
+    char *batched = PyMem_Calloc((size_t)n + 1, 1);
+    PyObject *handles = PyList_New(0), *indices = PyList_New(0), *result = NULL;
+    if (targets == NULL || batched == NULL || handles == NULL || indices == NULL) {
+        if (!PyErr_Occurred()) {
+            PyErr_NoMemory();
+        }
         goto done;
     }
-    for (Py_ssize_t i = 0; batchable && i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(matchers, i);
-        int64_t row;
-        if (!PyObject_TypeCheck(item, &SchemaCoreType) || !exact_int(PyList_GET_ITEM(rows, i), &row)) {
-            continue;
+    for (Py_ssize_t i = 0; i < n; i++) { /* every check first: a deferred call writes nothing */
+        int64_t row = i;
+        if (!PyObject_TypeCheck(items[i], &SchemaCoreType) ||
+            (rows != Py_None && !exact_int(PySequence_Fast_ITEMS(rows)[i], &row)) || row < 0 ||
+            row >= h->dimensions[0] || SchemaCore_width((SchemaCore *)items[i]) != h->dimensions[1]) {
+            Py_INCREF(Py_None);
+            result = Py_None;
+            goto done;
         }
-        SchemaCore *m = (SchemaCore *)item;
-        if (SchemaCore_resolve(m) != RESOLVED_STRUCT) {
-            continue; /* (inside a value: its own fill below, in C where it can) */
+        targets[i] = row;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        SchemaCore *m = (SchemaCore *)items[i];
+        if (SchemaCore_resolve(m) != RESOLVED_STRUCT || !((const StepTables *)m->tables)->lex->inline_pseudo) {
+            continue; /* (inside a value, or xgrammar's rows wider: its own fill below, in C where it can) */
         }
-        const LexTables *l = ((const StepTables *)m->tables)->lex;
-        if (!l->inline_pseudo || h->dimensions[1] != l->width || row < 0 || row >= h->dimensions[0]) {
-            continue;
-        }
-        if (PyList_Append(handles, m->handle) < 0 || PyList_Append(indices, PyList_GET_ITEM(rows, i)) < 0) {
+        PyObject *index = PyLong_FromLongLong(targets[i]);
+        int failed = index == NULL || PyList_Append(handles, m->handle) < 0 || PyList_Append(indices, index) < 0;
+        Py_XDECREF(index);
+        if (failed) {
             goto done;
         }
         batched[i] = 1;
@@ -724,27 +755,28 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
         Py_DECREF(filled);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *item = PyList_GET_ITEM(matchers, i);
         if (batched[i]) {
-            int64_t row = 0; /* (an exact int: checked when the row was batched) */
-            exact_int(PyList_GET_ITEM(rows, i), &row);
-            int32_t *out = (int32_t *)h->data + row * h->dimensions[1];
-            if (SchemaCore_finish_row((SchemaCore *)item, out, out)) {
+            int32_t *out = (int32_t *)h->data + targets[i] * h->dimensions[1];
+            if (SchemaCore_finish_row((SchemaCore *)items[i], out, out)) {
                 continue;
             }
         }
-        PyObject *call[] = {item, bitmask, PyList_GET_ITEM(rows, i)};
-        PyObject *filled =
-            PyObject_VectorcallMethod(str_fill_next_token_bitmask, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        PyObject *index = PyLong_FromLongLong(targets[i]);
+        PyObject *call[] = {items[i], bitmask, index};
+        PyObject *filled = index == NULL ? NULL
+                                         : PyObject_VectorcallMethod(str_fill_next_token_bitmask, call,
+                                                                     3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_XDECREF(index);
         if (filled == NULL) {
             goto done;
         }
         Py_DECREF(filled);
     }
-    Py_INCREF(Py_None);
-    result = Py_None;
+    Py_INCREF(Py_True);
+    result = Py_True;
 done:
-    free(batched);
+    PyMem_Free(targets);
+    PyMem_Free(batched);
     Py_XDECREF(handles);
     Py_XDECREF(indices);
     return result;
