@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
 import threading
+import warnings
 import zlib
 from collections import Counter
 from typing import Any
@@ -35,6 +37,7 @@ from triemask import (
     SchemaError,
     SchemaMatcher,
     StateError,
+    UnenforcedSchemaWarning,
     Vocabulary,
     fill_next_token_bitmasks,
 )
@@ -544,9 +547,13 @@ def test_bad_schemas_name_the_field(byte_compiler: Compiler) -> None:
     for keyword, value in (("uniqueItems", True), ("not", {"const": 1}), ("contains", {"const": 5})):
         unenforced = {"type": "object", "properties": {"tags": {"type": "array", keyword: value}}}
         with pytest.raises(SchemaError, match="does not enforce") as info:
-            byte_compiler.compile_json_schema(unenforced)
+            byte_compiler.compile_json_schema(unenforced, unsupported="error")
         assert info.value.path == f"$.properties.tags.{keyword}"
-    byte_compiler.compile_json_schema({"type": "array", "uniqueItems": False})  # a no-op is fine
+    with pytest.raises(SchemaError, match="unsupported must be one of"):
+        byte_compiler.compile_json_schema({"type": "string"}, unsupported="loud")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a no-op is no warning
+        byte_compiler.compile_json_schema({"type": "array", "uniqueItems": False}, unsupported="error")
     with pytest.raises(SchemaError, match="Cannot find field"):
         byte_compiler.compile_json_schema({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}})
     with pytest.raises(SchemaError, match="nested too deeply"):
@@ -769,3 +776,60 @@ def test_a_schema_text_never_poses_as_another_skeleton(byte_vocab: Vocabulary, b
         matcher = Matcher(compiled)
         text = json.dumps({"x": stand_in, "y": NAMES[0]}).encode()
         assert matcher.accept_tokens(list(text)) == len(text) and matcher.value == {"x": stand_in, "y": NAMES[0]}
+
+
+# Keywords xgrammar accepts but does not enforce, at several depths, in an order no set keeps.
+UNENFORCED_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "tags": {"type": "array", "items": {"enum": [f"t{i}" for i in range(6)]}, "uniqueItems": True},
+        "kind": {"enum": ["a", "b", "c"], "not": {"const": "b"}},
+        "list": {"type": "array", "items": {"type": "integer"}, "contains": {"enum": ["x", "y", "z", "w"]}},
+    },
+    "required": ["tags", "kind", "list"],
+    "if": {"properties": {"kind": {"const": "a"}}},
+    "then": {"required": ["tags"]},
+}
+UNENFORCED_PATHS = (
+    "$.if",
+    "$.then",
+    "$.properties.tags.uniqueItems",
+    "$.properties.kind.not",
+    "$.properties.list.contains",
+)
+
+
+def test_unenforced_keywords_compile_as_xgrammar_compiles_them(byte_compiler: Compiler) -> None:
+    """A drop-in serves what the engine it replaces serves: keywords xgrammar does not enforce
+    are compiled as it compiles them (the language is xgrammar's), reported in schema order
+    (one warning per schema, ``unenforced``, ``stats()``), and refused only when asked."""
+    with pytest.warns(UnenforcedSchemaWarning, match=r"'if' at \$\.if and 4 more") as caught:
+        compiled = byte_compiler.compile_json_schema(UNENFORCED_SCHEMA, min_enum_values=3)
+    assert len(caught) == 1 and caught[0].message.paths == UNENFORCED_PATHS  # type: ignore[union-attr]
+    assert compiled.unenforced == UNENFORCED_PATHS == tuple(compiled.stats()["unenforced"])
+    # the enums under enforced keywords go to tries; the one under "contains" stays xgrammar's
+    assert [f["paths"] for f in compiled.stats()["trie_fields"]] == [
+        ["$.properties.tags.items.enum"],
+        ["$.properties.kind.enum"],
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quiet = byte_compiler.compile_json_schema(UNENFORCED_SCHEMA, min_enum_values=3, unsupported="ignore")
+    assert quiet.unenforced == UNENFORCED_PATHS
+    with pytest.raises(SchemaError, match=r"^\$\.if: .*\(5 such keywords\)") as info:
+        byte_compiler.compile_json_schema(UNENFORCED_SCHEMA, unsupported="error")
+    assert info.value.path == "$.if"
+    # the language: xgrammar's for the same schema, judged on outputs both engines accept or refuse
+    theirs_compiled = xgr.GrammarCompiler(
+        xgr.TokenizerInfo([bytes([b]) for b in range(256)], xgr.VocabType.RAW, vocab_size=256)
+    ).compile_json_schema(json.dumps(UNENFORCED_SCHEMA))
+    for text, valid in [
+        ('{"tags": ["t1", "t1"], "kind": "b", "list": [1]}', True),  # duplicates, "not", "contains": not enforced
+        ('{"tags": ["t9"], "kind": "a", "list": []}', False),  # an enum is
+        ('{"tags": [], "kind": "d", "list": []}', False),
+    ]:
+        data = text.encode()  # (token b is byte b in this vocabulary)
+        assert xgr.GrammarMatcher(theirs_compiled).accept_string(text) is valid
+        assert (Matcher(compiled).accept_tokens(list(data)) == len(data)) is valid
+    # a saved schema reports them too (without warning again)
+    assert pickle.loads(pickle.dumps(compiled)).unenforced == UNENFORCED_PATHS

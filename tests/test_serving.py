@@ -6,6 +6,8 @@ slots, reordered rows, preemption). The real vLLM runs in tests/test_vllm.py (ma
 from __future__ import annotations
 
 import enum
+import logging
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
@@ -505,3 +507,18 @@ def test_a_registered_set_is_updated_by_name_without_a_restart(registered, sets,
     with caplog.at_level("WARNING", logger="triemask"):
         assert requested_values({"triemask_set": "tools"}) == new  # the previous sets stay
     assert "not reloaded, the previous ones stay" in caplog.text
+
+
+def test_schemas_with_unenforced_keywords_are_served_and_logged(
+    sets: CompiledSets, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The standard engine serves a schema with keywords xgrammar does not enforce; so does
+    triemask's (admitted, compiled as xgrammar compiles it, one log line naming them)."""
+    schema = {"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": True, "not": {"maxItems": 0}}
+    request = _serving.requested_schema({_serving.SCHEMA_ARG: schema})
+    assert request is not None
+    with caplog.at_level(logging.WARNING, logger="triemask"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # a log line, not a Python warning
+        compiled = sets.get(request).schema
+    assert compiled is not None and compiled.unenforced == ("$.uniqueItems", "$.not")
+    assert "does not enforce: $.uniqueItems, $.not" in caplog.text

@@ -52,6 +52,7 @@ class Compiler(SetCompiler):
         separators: tuple[str, str] | None = None,
         strict_mode: bool = True,
         min_enum_values: int | None = None,
+        unsupported: str | None = None,
     ) -> CompiledSchema:
         """Compile a JSON schema: enum fields to tries, the structure to xgrammar.
 
@@ -69,12 +70,19 @@ class Compiler(SetCompiler):
             Enums (and ``anyOf`` / ``oneOf`` of consts) with at least this many
             distinct values go to a trie; smaller ones stay in xgrammar. Default
             :data:`triemask.DEFAULT_MIN_ENUM_VALUES`.
+        unsupported : {"warn", "error", "ignore"}, optional
+            What a keyword xgrammar accepts but does not enforce (``not``,
+            ``if``/``then``/``else``, ``uniqueItems``, ``contains``, ...) gets: the schema is
+            compiled as xgrammar compiles it, with one
+            :class:`~triemask.UnenforcedSchemaWarning` ("warn", the default), or without
+            one ("ignore"); "error" refuses it. ``CompiledSchema.unenforced`` lists them.
 
         Raises
         ------
         SchemaError
             The schema is not JSON, has an empty enum, a value no token can spell,
-            or something xgrammar rejects; ``.path`` names the field.
+            something xgrammar rejects, or (``unsupported="error"``) a keyword it does not
+            enforce; ``.path`` names the field.
         ImportError
             xgrammar is not installed (``pip install 'triemask[schema]'``).
         """
@@ -90,6 +98,7 @@ class Compiler(SetCompiler):
         separators: tuple[str, str] | None = None,
         strict_mode: bool = True,
         min_enum_values: int | None = None,
+        unsupported: str | None = None,
         cache_bytes: int | None = None,
     ) -> CompiledTools:
         """Compile a tool list: the output is ``{"name": <a tool>, "arguments": <its parameters>}``.
@@ -104,8 +113,9 @@ class Compiler(SetCompiler):
         tools : list of dict
             OpenAI-style function specs: ``{"name", "description", "parameters"}`` or
             ``{"type": "function", "function": {...}}``.
-        any_whitespace, indent, separators, strict_mode, min_enum_values
-            As in :meth:`compile_json_schema`, for every tool's arguments.
+        any_whitespace, indent, separators, strict_mode, min_enum_values, unsupported
+            As in :meth:`compile_json_schema`, for every tool's arguments (each is
+            compiled, and reports what xgrammar does not enforce, when first chosen).
         cache_bytes : int, optional
             Bound on the compiled argument schemas kept (default 256 MiB).
 
@@ -123,5 +133,5 @@ class Compiler(SetCompiler):
 
 
 def _keywords(arguments: dict[str, Any]) -> dict[str, Any]:
-    """A schema entry point's options from its ``locals()`` (the five of :class:`SchemaOptions`)."""
+    """A schema entry point's options from its ``locals()`` (those of :class:`SchemaOptions`)."""
     return {name: arguments[name] for name in SchemaOptions.__dataclass_fields__}

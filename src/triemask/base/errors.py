@@ -23,6 +23,13 @@ also from the built-in class a caller would naturally catch (``ValueError``,
 
 A token that is merely not allowed is not an error: ``TrieAutomaton.next_state``
 returns :data:`triemask.DEAD` and ``Matcher.accept_token`` returns ``False``.
+
+What triemask compiles but does not enforce is a warning, never silent::
+
+    TriemaskWarning (UserWarning)
+    └── UnenforcedSchemaWarning            a schema keyword the structural engine (xgrammar) does not
+                                           enforce (not, if/then/else, uniqueItems, ...), compiled as
+                                           xgrammar compiles it; .paths names each, in schema order
 """
 
 from __future__ import annotations
@@ -155,3 +162,23 @@ def integer(value: Any, what: str, error: type[TriemaskError] = StateError, expe
         except TypeError:
             pass
     raise error(f"{what} must be {expected}, got {type(value).__name__} {value!r:.40}")
+
+
+class TriemaskWarning(UserWarning):
+    """Base class of every warning triemask issues."""
+
+
+class UnenforcedSchemaWarning(TriemaskWarning):
+    """A schema holds keywords the structural engine (xgrammar) accepts but does not enforce:
+    it was compiled as xgrammar compiles it, and the output may break them.
+    (``compile_json_schema(..., unsupported="error")`` refuses such a schema instead.)
+
+    Attributes
+    ----------
+    paths : tuple of str
+        Each keyword's path (``"$.properties.tags.uniqueItems"``), in the schema's order.
+    """
+
+    def __init__(self, message: str, *, paths: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.paths = paths

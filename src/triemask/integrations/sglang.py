@@ -51,7 +51,7 @@ from ..schemas import (
     structure_cost,
 )
 from ..sets import dag_of_pattern
-from .serving.compiled_sets import CompiledSets, compile_registered, hf_vocabulary
+from .serving.compiled_sets import CompiledSets, compile_registered, hf_vocabulary, log_unenforced
 from .serving.limits import FORMAT_ARG, REGEX_ARG, SET_ARG, VALUES_ARG, Limits
 from .serving.requests import literal_alternatives, requested_pattern, requested_values
 from .serving.rows import Row, catch_up_rows, mask_rows
@@ -281,7 +281,7 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
                 return _INVALID_GRAMMAR
             return self._other().dispatch_json(key_string)
         try:
-            _, sites = dispatch(schema, DEFAULT_MIN_ENUM_VALUES)
+            _, sites, _ = dispatch(schema, DEFAULT_MIN_ENUM_VALUES)
             if not sites:
                 return self._other().dispatch_json(key_string)
             if len(key_string.encode("utf-8", "surrogatepass")) > self.limits.max_set_bytes:
@@ -290,7 +290,11 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
             if cost > self.limits.max_schema_cost_ms:
                 raise ValueError(f"the schema would take the structural engine about {cost:,.0f} ms to compile")
             any_whitespace = bool(getattr(self._fallback, "any_whitespace", True))
-            return TriemaskGrammar(self.compiler.compile_json_schema(key_string, any_whitespace=any_whitespace))
+            compiled = self.compiler.compile_json_schema(
+                key_string, any_whitespace=any_whitespace, unsupported="ignore"
+            )
+            log_unenforced(compiled)
+            return TriemaskGrammar(compiled)
         except Exception as error:
             logger.error("triemask: invalid json_schema: %s", error)
             return _INVALID_GRAMMAR

@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import replace
 from importlib.metadata import version
@@ -59,6 +60,7 @@ from ..base import (
     SchemaError,
     StateError,
     TriemaskError,
+    UnenforcedSchemaWarning,
     kind_class,
     kinds_of,
     register_kind,
@@ -105,7 +107,8 @@ class CompiledSchema(SchemaEngine):
         started = time.perf_counter()
         self._options = options
         self._schema, given_text = load_schema_text(schema)
-        structural, sites = dispatch(self._schema, options.min_enum_values)
+        structural, sites, self._unenforced = dispatch(self._schema, options.min_enum_values)
+        self._admit_unenforced(options.unsupported)
         self._vocab = compiler.vocab
         support = vocabulary_support(self._vocab)
         self._support = support
@@ -160,6 +163,31 @@ class CompiledSchema(SchemaEngine):
         self._finish(fields, cached.grammar, cached.controls)
         self._compile_seconds = time.perf_counter() - started
 
+    def _admit_unenforced(self, unsupported: str) -> None:
+        """Refuse, report or let pass the keywords xgrammar does not enforce (``unsupported``,
+        :data:`~.fields.UNSUPPORTED`); the first in the schema's order is the one named."""
+        if not self._unenforced:
+            return
+        first, count = self._unenforced[0], len(self._unenforced)
+        keyword = first.rsplit(".", 1)[-1]
+        if unsupported == "error":
+            raise SchemaError(
+                f"{first}: the structural engine (xgrammar) does not enforce {keyword!r}, so the output could "
+                f"break it ({count} such keyword{'s' * (count > 1)}); remove it, express it with supported "
+                'keywords, or compile with unsupported="warn"',
+                path=first,
+            )
+        if unsupported == "warn":
+            warnings.warn(
+                UnenforcedSchemaWarning(
+                    f"compiled as xgrammar compiles it, which does not enforce {keyword!r} at {first}"
+                    + (f" and {count - 1} more ({', '.join(self._unenforced[1:4])}...)" if count > 1 else "")
+                    + ": the output may break them",
+                    paths=self._unenforced,
+                ),
+                stacklevel=4,
+            )
+
     def _finish(self, fields: Sequence[Field], grammar: Any, controls: bool) -> None:
         """What the fields and the structure's grammar imply (compiled or loaded alike);
         ``controls``: the grammar may admit a raw control character in a string."""
@@ -194,6 +222,13 @@ class CompiledSchema(SchemaEngine):
         """The schema as given (a copy)."""
         copied: dict[str, Any] = json.loads(json.dumps(self._schema))
         return copied
+
+    @property
+    def unenforced(self) -> tuple[str, ...]:
+        """The paths of the schema's keywords that the structural engine (xgrammar) accepts
+        but does not enforce (``"$.properties.tags.uniqueItems"``), in the schema's order:
+        compiled as xgrammar compiles them (``compile_json_schema(unsupported=...)``)."""
+        return self._unenforced
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
@@ -231,6 +266,8 @@ class CompiledSchema(SchemaEngine):
                 "shared": self._structure_shared,
             },
             "options": self._options.to_file(),
+            # keywords xgrammar does not enforce, compiled as it compiles them (paths, schema order)
+            "unenforced": list(self._unenforced),
             "memory_bytes": self.memory_bytes,
             "compile_seconds": self._compile_seconds,
         }
@@ -411,6 +448,7 @@ class CompiledSchema(SchemaEngine):
         self, described: Any, meta: dict[str, Any], vocab: Vocabulary, compiler: SetCompiler | None
     ) -> None:
         self._schema = load_schema(described)
+        self._unenforced = dispatch(self._schema, 1, patterns=False)[2]  # (reported when compiled)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickling goes through the file format, with the vocabulary (a schema needs its tokens)

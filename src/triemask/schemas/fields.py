@@ -384,23 +384,38 @@ def _json_separators(separators: Any) -> tuple[str, str] | None:
     return (item, key)
 
 
+UNSUPPORTED = ("warn", "error", "ignore")
+"""What ``compile_json_schema(unsupported=...)`` does with a keyword xgrammar accepts but does
+not enforce (``not``, ``if``/``then``/``else``, ``uniqueItems``, ``contains``, ...): compile the
+schema as xgrammar compiles it and issue one :class:`~triemask.UnenforcedSchemaWarning`
+("warn", the default: a drop-in serves what the engine it replaces serves), refuse it with a
+:class:`~triemask.SchemaError` naming the first such keyword ("error"), or compile it without a
+warning ("ignore"); ``stats()["unenforced"]`` lists them in every case."""
+
+
 @dataclass(frozen=True)
 class SchemaOptions:
     """How a schema is compiled: xgrammar's options for its structure (``any_whitespace``,
     ``indent``, ``separators``, ``strict_mode``: the language is the one xgrammar compiles with
-    them, kept to strict JSON) and which enums go to tries (``min_enum_values``). Checked when
-    made: ``separators`` JSON's own, ``min_enum_values`` a positive integer."""
+    them, kept to strict JSON), which enums go to tries (``min_enum_values``), and what a
+    keyword xgrammar does not enforce gets (``unsupported``: one of :data:`UNSUPPORTED`; it
+    admits or refuses a schema, never changes a language, so files and fingerprints leave it
+    out). Checked when made: ``separators`` JSON's own, ``min_enum_values`` a positive integer."""
 
     any_whitespace: bool = True
     indent: int | None = None
     separators: tuple[str, str] | None = None
     strict_mode: bool = True
     min_enum_values: int = DEFAULT_MIN_ENUM_VALUES
+    unsupported: str = "warn"
 
     def __post_init__(self) -> None:
         minimum = integer(self.min_enum_values, "min_enum_values", SchemaError, "a positive integer")
         if minimum < 1:
             raise SchemaError(f"min_enum_values must be at least 1, got {minimum}", path="$")
+        if not isinstance(self.unsupported, str) or self.unsupported not in UNSUPPORTED:
+            choices = ", ".join(map(repr, UNSUPPORTED))
+            raise SchemaError(f"unsupported must be one of {choices}, got {self.unsupported!r:.60}", path="$")
         object.__setattr__(self, "min_enum_values", minimum)
         object.__setattr__(self, "separators", _json_separators(self.separators))
 

@@ -68,8 +68,9 @@ _LIST = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _CHILDREN = frozenset(_ONE + _LIST + _MAP)  # the keywords holding subschemas
 # Keywords that only annotate: a branch {"const": x, "description": ...} is still a plain const.
-# Keywords xgrammar accepts but does not enforce: the output would not satisfy them, so a
-# schema holding one is refused rather than silently loosened (with the value that is a no-op).
+# Keywords xgrammar accepts but does not enforce (with the value that is a no-op): the output
+# may break them, so they are reported (SchemaOptions.unsupported), and no enum below one goes
+# to a trie (xgrammar's grammar has no place for it).
 _UNENFORCED = {
     "not": None,
     "if": None,
@@ -379,17 +380,19 @@ def _nothing_to_dispatch(schema: dict[str, Any], min_enum_values: int) -> bool:
 
 def dispatch(
     schema: dict[str, Any], min_enum_values: int, *, patterns: bool = True
-) -> tuple[dict[str, Any], list[EnumSite]]:
+) -> tuple[dict[str, Any], list[EnumSite], tuple[str, ...]]:
     """A copy of ``schema`` (as :func:`load_schema` gives it: plain dicts and lists) with every
     enum site replaced by a const placeholder (``schema`` itself is not modified).
     ``patterns=False`` builds no pattern automaton (a serving front end checks a schema's
     errors without the costly part of its compile).
 
     Returns the rewritten schema and the sites, in the order they were found (``schema``
-    itself where nothing is replaced: the caller must not modify either).
+    itself where nothing is replaced: the caller must not modify either), and the paths of
+    the keywords xgrammar does not enforce, in the schema's order (a node's before those below it).
     """
     if _nothing_to_dispatch(schema, min_enum_values):
-        return schema, []
+        return schema, [], ()
+    unenforced: list[str] = []
     nonce = secrets.token_hex(8)
     sites: list[EnumSite] = []
     key_schemas = _key_schemas(schema)
@@ -409,13 +412,8 @@ def dispatch(
         if not isinstance(node, dict):
             return node
         keys = keys or id(node) in key_schemas
-        for keyword in _UNENFORCED.keys() & node.keys():
-            if node[keyword] is not _UNENFORCED[keyword] or _UNENFORCED[keyword] is None:
-                raise SchemaError(
-                    f"{path}.{keyword}: the structural engine (xgrammar) does not enforce {keyword!r}, so the "
-                    "output could break it; remove it or express it with supported keywords",
-                    path=f"{path}.{keyword}",
-                )
+        skipped = [k for k in node if k in _UNENFORCED and (node[k] is not _UNENFORCED[k] or _UNENFORCED[k] is None)]
+        unenforced.extend(f"{path}.{keyword}" for keyword in skipped)
         found = None if keys else _enum_values(node, path)
         if found is not None:
             values = distinct(found[0])
@@ -433,7 +431,7 @@ def dispatch(
         node = dict(node)  # shallow: the caller's schema is never modified, enum lists are not copied
         for key in _MAP:
             children = node.get(key)
-            if isinstance(children, dict):
+            if isinstance(children, dict) and key not in skipped:
                 node[key] = {
                     name: visit(child, _key_path(_key_path(path, key), name), keys) for name, child in children.items()
                 }
@@ -442,12 +440,12 @@ def dispatch(
             if isinstance(children, list):
                 node[key] = [visit(child, f"{path}.{key}[{i}]", keys) for i, child in enumerate(children)]
         for key in _ONE:
-            if isinstance(node.get(key), dict):
+            if isinstance(node.get(key), dict) and key not in skipped:
                 node[key] = visit(node[key], f"{path}.{key}", keys)
         return node
 
     try:
-        return visit(schema, "$"), sites
+        return visit(schema, "$"), sites, tuple(unenforced)
     except RecursionError:
         raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
 

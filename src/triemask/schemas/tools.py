@@ -148,6 +148,7 @@ class CompiledTools(CompiledSchema):
         self, described: Any, meta: dict[str, Any], vocab: Vocabulary, compiler: SetCompiler | None
     ) -> None:
         self._schema = {}  # the name's internal schema: not what the user gave
+        self._unenforced = ()  # (the tools' arguments report theirs when compiled)
         self._tools = read_tools(described)
         options = meta["options"]
         self._tools_ready(

@@ -24,6 +24,17 @@ from .requests import PatternRequest, SchemaRequest
 logger = logging.getLogger("triemask")
 
 
+def log_unenforced(schema: CompiledSchema) -> None:
+    """One log line for a schema served with keywords xgrammar does not enforce (the standard
+    engine serves them too: a drop-in does not refuse them)."""
+    if schema.unenforced:
+        logger.warning(
+            "triemask: serving a schema whose %s the structural engine (xgrammar) does not enforce: %s",
+            "keyword" if len(schema.unenforced) == 1 else f"{len(schema.unenforced)} keywords",
+            ", ".join(schema.unenforced[:8]) + (", ..." if len(schema.unenforced) > 8 else ""),
+        )
+
+
 @dataclass
 class CompiledSet:
     """One compiled set, with its arrays on the engine's device (or a compiled JSON
@@ -110,8 +121,9 @@ class CompiledSets:
 
     def _compile_schema(self, request: SchemaRequest) -> CompiledSet:
         given = json.loads(request.text)
-        if request.kind == SCHEMA_ARG:
-            schema: CompiledSchema = self.compiler.compile_json_schema(given)
+        if request.kind == SCHEMA_ARG:  # (served as xgrammar would serve it; what it does not enforce, logged)
+            schema: CompiledSchema = self.compiler.compile_json_schema(given, unsupported="ignore")
+            log_unenforced(schema)
         else:
             schema = self.compiler.compile_tools(given)  # a tool's arguments compile when it is chosen
         return CompiledSet(None, None, schema.memory_bytes + self.ENTRY_OVERHEAD, schema)

@@ -138,8 +138,8 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
                     f"{kind!r} must be a JSON schema (an object or its JSON text), got {type(given).__qualname__}"
                 )
             loaded: Any = load_schema(given)
-            # empty enums, bad values and unenforced keywords, with their paths (no pattern
-            # automaton: those are the engine's, so this front end's event loop never waits on one)
+            # empty enums and bad values, with their paths (no pattern automaton: those are the
+            # engine's, so this front end's event loop never waits on one)
             dispatch(loaded, 1, patterns=False)
             _price_structure(kind, "$", loaded, limits)
         else:
