@@ -3,9 +3,11 @@ the Python reference (``SchemaMatcher._accept_token_reference`` / ``_fill_refere
 masks, answers, outputs and lexer states at every step of random walks, on a vocabulary holding
 every byte and tokens that glue quotes, control bytes, surrogate bytes and 0xFF to structure.
 
-The C fill ANDs ``Lexical.string_keep`` (refusals inside strings and of 0xFF), the reference
-the whole ``keep``; equal masks here are what shows that xgrammar's structure allows no byte
-outside strings that the JSON lexer refuses.
+The C fill ANDs ``Lexical.string_keep`` (refusals inside strings and of 0xFF), or
+``Lexical.utf8_keep`` (less raw controls inside strings) where the grammar admits none there,
+the reference the whole ``keep``; equal masks here are what shows that xgrammar's structure
+allows no byte outside strings that the JSON lexer refuses, nor a raw control inside a string
+of such a grammar.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ class Lexical:
     # string_keep, less the refusals of a raw control character inside a string: what the C
     # step ANDs for a grammar none of whose character classes or literals admits one inside
     # a string (structure.controls_in_strings), where xgrammar refuses them itself. Inside
-    # strings this row changes about 190 of Qwen's 4,748 words (string_keep: 2,058).
+    # strings this row changes 116 of Qwen's 4,748 words (string_keep: 2,058), outside them 1 (332).
     utf8_keep: npt.NDArray[np.int32]
 
     @classmethod
