@@ -74,6 +74,7 @@ from .fields import (
     SchemaOptions,
     array_text,
     compile_field,
+    exit_tables,
     field_sentinels,
     field_tables,
     restore_field,
@@ -195,16 +196,18 @@ class CompiledSchema(SchemaEngine):
         self._grammar = grammar
         self._crossing: frozenset[int] = frozenset().union(*(f.crossing for f in fields))
         # the C steps inside values need every field's kernel (else they are the reference's)
-        native = tuple((native_kernel(f.automaton), step_flags(f)) for f in fields)
-        in_c = all(kernel is not None for kernel, _ in native)
+        native = tuple((native_kernel(f.automaton), step_flags(f), exit_tables(f)) for f in fields)
+        in_c = all(kernel is not None for kernel, _, _ in native)
         # (a tool's name is left for its arguments' grammar, which _exit compiles)
         plain_exits = type(self)._exit is SchemaEngine._exit
-        self._step_tables = self._support.step_tables(self._crossing, native if in_c else (), plain_exits, controls)
+        self._starts_first = bytes(sorted({c for f in fields for c in f.first}))
+        self._step_tables = self._support.step_tables(
+            self._crossing, native if in_c else (), plain_exits, controls, self._starts_first
+        )
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
             for prefix in {*f.enter_masks, *f.middle_by_prefix}:
                 self._fields_by_prefix.setdefault(prefix, []).append(k)
-        self._starts_first = bytes(sorted({c for f in fields for c in f.first}))
 
     # ------------------------------------------------------------------ public
 

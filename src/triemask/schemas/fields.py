@@ -176,6 +176,23 @@ def step_flags(field: Field) -> npt.NDArray[np.uint8]:
     return flags
 
 
+def exit_tables(field: Field) -> tuple[Any, ...]:
+    """What the C steps read at a node where a value may end inside a token (``StepTables``'
+    exits, checked there): the exits by node, their pieces' heads (tokens, ends, the three
+    lookups of :class:`~.support.Pieces`), the field's first bytes and its sentinel."""
+    pieces = field.pieces
+    return (
+        np.ascontiguousarray(field.exit_nodes, dtype=np.int32),
+        np.ascontiguousarray(field.exit_pieces, dtype=np.int32),
+        np.ascontiguousarray(pieces.head_offsets, dtype=np.int64),
+        np.ascontiguousarray(pieces.head_tokens, dtype=np.int64),
+        np.ascontiguousarray(pieces.head_ends, dtype=np.int32),
+        np.ascontiguousarray(pieces.head_lookups, dtype=np.int64),
+        field.first,
+        field.sentinel,
+    )
+
+
 def text_array(text: str) -> npt.NDArray[np.uint8]:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8)
 

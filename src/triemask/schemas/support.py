@@ -235,13 +235,19 @@ class VocabularySupport:
         )
 
     def step_tables(
-        self, crossing: frozenset[int], fields: tuple[tuple[Any, Any], ...], plain_exits: bool, controls: bool
+        self,
+        crossing: frozenset[int],
+        fields: tuple[tuple[Any, ...], ...],
+        plain_exits: bool,
+        controls: bool,
+        starts_first: bytes = b"",
     ) -> Any:
         """What the C steps of a schema read (``_native.StepTables``: :attr:`lex_tables`;
-        ``crossing``, the tokens that may enter one of its fields; per field, its trie's kernel
-        and flags by node; ``plain_exits``: a value's end resumes the structure on the same
-        matcher; ``controls``: its grammar may admit a raw control character inside a string,
-        :func:`~.structure.controls_in_strings`), or None without the C extension. Shared by
+        ``crossing``, the tokens that may enter one of its fields; per field, its trie's kernel,
+        flags by node and :func:`~.fields.exit_tables`; ``plain_exits``: a value's end resumes
+        the structure on the same matcher; ``controls``: its grammar may admit a raw control
+        character inside a string, :func:`~.structure.controls_in_strings`; ``starts_first``:
+        the bytes any of its values starts with), or None without the C extension. Shared by
         the schemas without trie fields that agree on ``controls``."""
         native = kernels.KERNELS
         if native is None or not handles_usable():
@@ -255,6 +261,7 @@ class VocabularySupport:
                 fields=fields,
                 plain_exits=plain_exits,
                 controls_in_strings=controls,
+                starts_first=starts_first,
             )
         with self._lock:
             found = self._plain_tables.get(controls)
@@ -334,8 +341,9 @@ def handles_usable() -> bool:
     """Whether the installed xgrammar's matchers have the handle the C steps call (``_handle``
     with ``accept_token(token, debug_print)``, ``fill_next_token_bitmask(bitmask, row,
     debug_print)``, and the batch matcher's ``batch_fill_next_token_bitmask(handles, bitmask,
-    rows, debug_print)``): xgrammar's private interface, checked once per process on a tiny
-    grammar. Without it every step is the Python reference's, which uses the public one."""
+    rows, debug_print)``; ``fork()``, ``accept_string(data, debug_print)`` and ``rollback(n)``
+    for the probes at a value's end): xgrammar's private interface, checked once per process
+    on a tiny grammar. Without it every step is the Python reference's, which uses the public one."""
     import xgrammar
 
     try:
@@ -347,7 +355,16 @@ def handles_usable() -> bool:
         batcher.batch_fill_next_token_bitmask([handle], row, [0], False)
         handle.fill_next_token_bitmask(row, 0, False)
         allowed = int(row[0, 0]) & 3  # (xgrammar sets the bits past the vocabulary)
-        return allowed == 1 and handle.accept_token(0, False) is True and handle.accept_token(0, False) is False
+        forked = handle.fork()  # (and the calls of the exits' probes: fork, accept_string, rollback)
+        strings = forked.accept_string(b"a", False) is True and forked.accept_string(b"a", False) is False
+        forked.rollback(1)
+        strings = strings and forked.accept_string(b"ab", False) is True
+        return (
+            strings
+            and allowed == 1
+            and handle.accept_token(0, False) is True
+            and handle.accept_token(0, False) is False
+        )
     except Exception:  # any change there: the reference's public calls
         return False
 

@@ -155,17 +155,82 @@ static PyTypeObject LexTablesType = {
     .tp_dealloc = (destructor)LexTables_dealloc,
 };
 
+/* A field's ends of values inside a token (fields.Field's exit_* and its Pieces' head_*): the
+ * exits by trie node (ascending), each the piece that ends a value there; per piece, the heads:
+ * tokens that begin with it, where it ends in them, and three lookups in xgrammar's vocabulary
+ * (the rest as one token, its longest token prefix, the extra token of the one place a value
+ * could start again in it: -1 unknown, -2 none); the field's first bytes and its sentinel. */
+enum { EXIT_VIEWS = 6 };
+typedef struct {
+    Py_buffer views[EXIT_VIEWS]; /* exit_nodes, exit_pieces, head_offsets, head_tokens, head_ends, head_lookups */
+    const int32_t *nodes, *pieces, *ends;
+    const int64_t *offsets, *tokens, *lookups;
+    Py_ssize_t n_exits, n_heads;
+    PyObject *first, *sentinel; /* bytes, borrowed from the fields tuple */
+} Exits;
+
 typedef struct {
     PyObject_HEAD
     LexTables *lex;
     Py_buffer crossing;
-    PyObject *fields;        /* tuple of (Kernel, flags) */
+    PyObject *fields;        /* tuple of (Kernel, flags, exits or None) */
     Py_ssize_t n_fields;
     Kernel **kernels;        /* borrowed from `fields` */
     Py_buffer *flags;        /* one per field: uint8 by node */
+    Exits *exits;            /* one per field, NULL where every field has none */
+    PyObject *starts_first;  /* bytes: every field's first bytes */
     int plain_exits;         /* a value's end resumes the structure on the same matcher */
     int keep_rows;           /* the first of the lexer's keep rows the grammar needs */
 } StepTables;
+
+static Py_ssize_t xgr_bits(const LexTables *l) { return 32 * l->xgr_width; }
+
+/* Fill `x` from a field's exits tuple (exit_nodes int32, exit_pieces int32, head_offsets int64,
+ * head_tokens int64, head_ends int32, head_lookups int64 [3 * heads], first bytes, sentinel
+ * bytes), every index checked: 1, 0 when inconsistent, -1 on an error. */
+static int Exits_init(Exits *x, PyObject *given, const LexTables *l, int64_t num_nodes, Py_ssize_t bits) {
+    if (!PyTuple_Check(given) || PyTuple_GET_SIZE(given) != EXIT_VIEWS + 2 ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(given, EXIT_VIEWS)) ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(given, EXIT_VIEWS + 1))) {
+        return 0;
+    }
+    for (int v = 0; v < EXIT_VIEWS; v++) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(given, v), &x->views[v], PyBUF_C_CONTIGUOUS) < 0) {
+            return -1;
+        }
+    }
+    x->nodes = (const int32_t *)x->views[0].buf;
+    x->pieces = (const int32_t *)x->views[1].buf;
+    x->offsets = (const int64_t *)x->views[2].buf;
+    x->tokens = (const int64_t *)x->views[3].buf;
+    x->ends = (const int32_t *)x->views[4].buf;
+    x->lookups = (const int64_t *)x->views[5].buf;
+    x->first = PyTuple_GET_ITEM(given, EXIT_VIEWS);
+    x->sentinel = PyTuple_GET_ITEM(given, EXIT_VIEWS + 1);
+    x->n_exits = x->views[0].len / (Py_ssize_t)sizeof(int32_t);
+    x->n_heads = x->views[3].len / (Py_ssize_t)sizeof(int64_t);
+    Py_ssize_t n_pieces = x->views[2].len / (Py_ssize_t)sizeof(int64_t) - 1;
+    int bad = x->views[0].len % sizeof(int32_t) != 0 || x->views[1].len != x->views[0].len || n_pieces < 0 ||
+              x->views[2].len % sizeof(int64_t) != 0 || x->views[3].len % sizeof(int64_t) != 0 ||
+              x->views[4].len != x->n_heads * (Py_ssize_t)sizeof(int32_t) ||
+              x->views[5].len != 3 * x->n_heads * (Py_ssize_t)sizeof(int64_t);
+    for (Py_ssize_t e = 0; !bad && e < x->n_exits; e++) {
+        bad = x->nodes[e] < 0 || x->nodes[e] >= num_nodes || (e > 0 && x->nodes[e] < x->nodes[e - 1]) ||
+              x->pieces[e] < 0 || x->pieces[e] >= n_pieces;
+    }
+    for (Py_ssize_t p = 0; !bad && p <= n_pieces; p++) {
+        bad = x->offsets[p] < 0 || x->offsets[p] > x->n_heads || (p > 0 && x->offsets[p] < x->offsets[p - 1]);
+    }
+    for (Py_ssize_t h = 0; !bad && h < x->n_heads; h++) {
+        PyObject *data = x->tokens[h] >= 0 && x->tokens[h] < l->n ? PyTuple_GET_ITEM(l->tokens, x->tokens[h]) : NULL;
+        bad = data == NULL || !PyBytes_CheckExact(data) || x->ends[h] < 0 || x->ends[h] > PyBytes_GET_SIZE(data);
+        for (int j = 0; !bad && j < 3; j++) {
+            int64_t id = x->lookups[j * x->n_heads + h];
+            bad = id < -2 || id >= bits;
+        }
+    }
+    return !bad;
+}
 
 static void StepTables_dealloc(StepTables *self) {
     if (self->crossing.obj != NULL) {
@@ -174,6 +239,11 @@ static void StepTables_dealloc(StepTables *self) {
     if (self->flags != NULL) {
         release_views(self->flags, (size_t)self->n_fields);
     }
+    for (Py_ssize_t k = 0; self->exits != NULL && k < self->n_fields; k++) {
+        release_views(self->exits[k].views, EXIT_VIEWS);
+    }
+    PyMem_Free(self->exits);
+    Py_CLEAR(self->starts_first);
     PyMem_Free(self->flags);
     PyMem_Free(self->kernels);
     Py_CLEAR(self->fields);
@@ -184,13 +254,14 @@ static void StepTables_dealloc(StepTables *self) {
 static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     PyObject *lex, *crossing, *fields;
     int plain_exits = 0, controls = 1;
-    static char *names[] = {"lex", "crossing", "fields", "plain_exits", "controls_in_strings", NULL};
+    PyObject *starts_first = NULL;
+    static char *names[] = {"lex", "crossing", "fields", "plain_exits", "controls_in_strings", "starts_first", NULL};
     if (self->lex != NULL) {
         PyErr_SetString(PyExc_TypeError, "StepTables are built once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!|pp", names, &LexTablesType, &lex, &crossing, &PyTuple_Type,
-                                     &fields, &plain_exits, &controls)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!|ppO!", names, &LexTablesType, &lex, &crossing, &PyTuple_Type,
+                                     &fields, &plain_exits, &controls, &PyBytes_Type, &starts_first)) {
         return -1;
     }
     if (PyObject_GetBuffer(crossing, &self->crossing, PyBUF_C_CONTIGUOUS) < 0) {
@@ -206,9 +277,10 @@ static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     }
     self->n_fields = n_fields;
     int bad = self->crossing.len != l->n;
+    int all_exits = n_fields > 0 && starts_first != NULL;
     for (Py_ssize_t k = 0; !bad && k < n_fields; k++) {
         PyObject *field = PyTuple_GET_ITEM(fields, k);
-        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) != 2 ||
+        if (!PyTuple_Check(field) || PyTuple_GET_SIZE(field) < 2 || PyTuple_GET_SIZE(field) > 3 ||
             Py_TYPE(PyTuple_GET_ITEM(field, 0)) != &KernelType) {
             bad = 1;
             break;
@@ -220,6 +292,22 @@ static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
         /* one flag per node (a final state, reached by an EOS token, has none: it defers) */
         bad = kernel->width != l->width || self->flags[k].len != kernel->num_nodes;
         self->kernels[k] = kernel;
+        all_exits &= PyTuple_GET_SIZE(field) == 3 && PyTuple_GET_ITEM(field, 2) != Py_None;
+    }
+    if (!bad && all_exits) {
+        self->exits = PyMem_Calloc((size_t)n_fields, sizeof(Exits));
+        if (self->exits == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        for (Py_ssize_t k = 0; !bad && k < n_fields; k++) {
+            int made = Exits_init(&self->exits[k], PyTuple_GET_ITEM(PyTuple_GET_ITEM(fields, k), 2), l,
+                                  self->kernels[k]->num_nodes, xgr_bits(l));
+            if (made < 0) {
+                return -1;
+            }
+            bad = !made;
+        }
     }
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "schema step tables of inconsistent sizes or lexer states out of range");
@@ -231,6 +319,8 @@ static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     self->fields = fields;
     self->plain_exits = plain_exits;
     self->keep_rows = controls ? 0 : LEX_STATES;
+    Py_XINCREF(starts_first);
+    self->starts_first = starts_first;
     return 0;
 }
 
@@ -252,6 +342,40 @@ static PyTypeObject StepTablesType = {
     .tp_dealloc = (destructor)StepTables_dealloc,
 };
 
+/* The first exit of `x` at trie node `node` (exits ascend by node). */
+static Py_ssize_t first_exit(const Exits *x, int64_t node) {
+    Py_ssize_t e = 0, hi = x->n_exits;
+    while (e < hi) {
+        Py_ssize_t mid = e + (hi - e) / 2;
+        if (x->nodes[mid] < node) {
+            e = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return e;
+}
+
+/* Whether `token` begins with a piece that ends a value at `node` (heads ascend by token
+ * within a piece): then it may leave the value, which the reference reads. */
+static int exit_head(const Exits *x, int64_t node, int64_t token) {
+    for (Py_ssize_t e = first_exit(x, node); e < x->n_exits && x->nodes[e] == node; e++) {
+        int64_t lo = x->offsets[x->pieces[e]], hi = x->offsets[x->pieces[e] + 1];
+        while (lo < hi) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (x->tokens[mid] < token) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
+        }
+        if (lo < x->offsets[x->pieces[e] + 1] && x->tokens[lo] == token) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
 typedef struct {
     PyObject_HEAD
     PyObject *schema, *configs, *history, *output, *filled, *scratch;
@@ -268,7 +392,8 @@ typedef struct {
 enum { RESOLVED_OTHER = 0, RESOLVED_STRUCT = 1, RESOLVED_ENUM = 2 };
 
 static PyObject *str_handle, *str_step_tables, *str_accept_token, *str_fill_next_token_bitmask, *str_batch_fill;
-static PyObject *small_zero, *struct_field, *empty_bytes;
+static PyObject *str_accept_string, *str_rollback, *str_fork;
+static PyObject *small_zero, *small_one, *struct_field, *empty_bytes;
 
 static void SchemaCore_forget(SchemaCore *self) {
     Py_CLEAR(self->resolved);
@@ -472,7 +597,8 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
          * or an accepting node), the reference follows every reading */
         const Kernel *kernel = t->kernels[self->field];
         const uint8_t *flags = (const uint8_t *)t->flags[self->field].buf;
-        if (flags[self->node] & FIELD_EXITS) {
+        if (flags[self->node] & FIELD_EXITS &&
+            (t->exits == NULL || exit_head(&t->exits[self->field], self->node, token))) {
             return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
         }
         int32_t following = next_of(kernel, self->node, token);
@@ -585,6 +711,139 @@ static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObj
     return SchemaCore_finish_row(self, xgr, out);
 }
 
+/* A method of xgrammar's matcher handle with its last argument False (debug_print): accept_string. */
+static PyObject *call_handle(PyObject *handle, PyObject *name, PyObject *argument, int debug_flag) {
+    PyObject *call[] = {handle, argument, Py_False};
+    size_t count = argument == NULL ? 1 : debug_flag ? 3 : 2;
+    return PyObject_VectorcallMethod(name, call, count | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* Whether the truth of a call's answer is 1, 0; -1 on an error (the answer released). */
+static int truth_of(PyObject *answer) {
+    if (answer == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    return truth;
+}
+
+/* engine._feasible for a rest of a token after a value's end, on the structure's matcher past
+ * the value (`handle`): 1 the structure takes the rest; 0 it does not and no field can be entered
+ * inside it; 2 a field may be entered inside it (the reference reads on: the caller defers);
+ * -1 on an error. A value may start inside the rest where its byte is one of starts_first and
+ * only JSON whitespace lies between it and a ':', ',' or '[' before it, or the rest's start
+ * (structure.value_start_offsets); a field is entered there if the structure takes the rest up
+ * to it and the field's sentinel, on a fork. */
+static int exit_probe(const StepTables *t, PyObject *handle, const char *rest, Py_ssize_t length) {
+    PyObject *whole = PyBytes_FromStringAndSize(rest, length);
+    int taken = whole == NULL ? -1 : truth_of(call_handle(handle, str_accept_string, whole, 1));
+    Py_XDECREF(whole);
+    if (taken == 1) {
+        PyObject *undone = call_handle(handle, str_rollback, small_one, 0);
+        if (undone == NULL) {
+            return -1;
+        }
+        Py_DECREF(undone);
+    }
+    if (taken != 0) {
+        return taken;
+    }
+    const char *starts = PyBytes_AS_STRING(t->starts_first);
+    for (Py_ssize_t j = 0; j < length; j++) {
+        if (memchr(starts, rest[j], (size_t)PyBytes_GET_SIZE(t->starts_first)) == NULL) {
+            continue;
+        }
+        Py_ssize_t before = j;
+        while (before > 0 && strchr(" \t\n\r", rest[before - 1]) != NULL && rest[before - 1] != 0) {
+            before--;
+        }
+        if (before > 0 && (rest[before - 1] == 0 || strchr(":,[", rest[before - 1]) == NULL)) {
+            continue;
+        }
+        for (Py_ssize_t k = 0; k < t->n_fields; k++) {
+            const Exits *x = &t->exits[k];
+            if (memchr(PyBytes_AS_STRING(x->first), rest[j], (size_t)PyBytes_GET_SIZE(x->first)) == NULL) {
+                continue;
+            }
+            PyObject *text = PyBytes_FromStringAndSize(NULL, j + PyBytes_GET_SIZE(x->sentinel));
+            PyObject *fork = text == NULL ? NULL : call_handle(handle, str_fork, NULL, 0);
+            if (fork == NULL) {
+                Py_XDECREF(text);
+                return -1;
+            }
+            memcpy(PyBytes_AS_STRING(text), rest, (size_t)j);
+            memcpy(PyBytes_AS_STRING(text) + j, PyBytes_AS_STRING(x->sentinel), (size_t)PyBytes_GET_SIZE(x->sentinel));
+            int entered = truth_of(call_handle(fork, str_accept_string, text, 1));
+            Py_DECREF(text);
+            Py_DECREF(fork);
+            if (entered != 0) {
+                return entered < 0 ? -1 : 2;
+            }
+        }
+    }
+    return 0;
+}
+
+/* engine._fill_exits for every exit at the current node, added to `out` (the trie's row): the
+ * tokens whose head ends the value there and whose rest the structure takes after it, decided
+ * by xgrammar's mask after the value (into the matcher's scratch row) and, where that mask
+ * cannot tell, a probe. 1 done, 0 to defer (no usable scratch row; a probe that may enter a
+ * field), -1 on an error. */
+static int SchemaCore_fill_exits(SchemaCore *self, int32_t *out) {
+    const StepTables *t = (const StepTables *)self->tables;
+    const LexTables *l = t->lex;
+    const Exits *x = &t->exits[self->field];
+    const ArrayHeader *s = (const ArrayHeader *)self->scratch;
+    if (self->scratch == NULL || Py_TYPE(self->scratch) != ndarray_type || s->descr != int32_descr || s->nd != 2 ||
+        !(s->flags & ARRAY_C_CONTIGUOUS) || !(s->flags & ARRAY_WRITEABLE) || s->dimensions[0] < 1 ||
+        s->dimensions[1] != l->xgr_width) {
+        return 0;
+    }
+    PyObject *handle = PyObject_GetAttr(PyTuple_GET_ITEM(self->config, 1), str_handle);
+    if (handle == NULL) {
+        return -1;
+    }
+    int done = -1;
+    PyObject *call[] = {handle, self->scratch, small_zero, Py_False};
+    PyObject *filled =
+        PyObject_VectorcallMethod(str_fill_next_token_bitmask, call, 4 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+    if (filled == NULL) {
+        goto done;
+    }
+    Py_DECREF(filled);
+    const int32_t *after = (const int32_t *)s->data;
+    Py_ssize_t e = first_exit(x, self->node);
+    const int64_t *rests = x->lookups, *prefixes = x->lookups + x->n_heads, *again = x->lookups + 2 * x->n_heads;
+#define AFTER_BIT(id) ((id) >= 0 && ((uint32_t)after[(id) >> 5] >> ((id) & 31)) & 1u)
+    for (; e < x->n_exits && x->nodes[e] == self->node; e++) {
+        for (int64_t h = x->offsets[x->pieces[e]]; h < x->offsets[x->pieces[e] + 1]; h++) {
+            int64_t token = x->tokens[h];
+            int ok = AFTER_BIT(rests[h]);
+            int alone = AFTER_BIT(prefixes[h]) || prefixes[h] < 0;
+            int starts = AFTER_BIT(again[h]) || again[h] == -1;
+            if (!ok && ((alone && rests[h] < 0) || starts)) {
+                PyObject *data = PyTuple_GET_ITEM(l->tokens, token);
+                int verdict = exit_probe(t, handle, PyBytes_AS_STRING(data) + x->ends[h],
+                                         PyBytes_GET_SIZE(data) - x->ends[h]);
+                if (verdict < 0 || verdict == 2) {
+                    done = verdict < 0 ? -1 : 0;
+                    goto done;
+                }
+                ok = verdict;
+            }
+            if (ok) {
+                out[token >> 5] |= (int32_t)(1u << (token & 31));
+            }
+        }
+    }
+#undef AFTER_BIT
+    done = 1;
+done:
+    Py_DECREF(handle);
+    return done;
+}
+
 /* The fill inside a field's value, at a node where no value ends (no exits): the trie's row;
  * 1 done, 0 to defer, -1 on an error. The lexer's keep row is not ANDed in: the trie spells
  * the values' JSON texts from the value's first byte, and each text is strict JSON in UTF-8
@@ -593,12 +852,20 @@ static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObj
  * tests/test_schema_native.py finds the masks equal. */
 static int SchemaCore_fill_enum(SchemaCore *self, int32_t *out) {
     const StepTables *t = (const StepTables *)self->tables;
-    if (((const uint8_t *)t->flags[self->field].buf)[self->node] & FIELD_EXITS) {
+    int exits = ((const uint8_t *)t->flags[self->field].buf)[self->node] & FIELD_EXITS;
+    if (exits && (t->exits == NULL || !t->plain_exits)) {
         return 0;
     }
     if (fill_one(t->kernels[self->field], out, self->node) < 0) {
         PyErr_NoMemory();
         return -1;
+    }
+    if (exits) {
+        int done = SchemaCore_fill_exits(self, out);
+        if (done <= 0) {
+            return done;
+        }
+        and_keep(t->lex, t->keep_rows + self->lexer, out, out); /* (the rests are structure) */
     }
     Py_INCREF(Py_None);
     Py_SETREF(self->filled, Py_None); /* inside a value: the next token is read every way */
