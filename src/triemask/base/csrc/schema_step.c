@@ -8,15 +8,19 @@
  *   (strict JSON) and xgrammar's accept_token; fill is xgrammar's fill into the caller's row
  *   (or the scratch row, where the extra tokens of structural prefixes do not fit in the
  *   model's padding ids), then the lexer's keep row ANDed in;
- *   inside a field's value, at a trie node from which no value ends inside a token: accept is
- *   the lexer's lookup and one trie step, to a node inside the value or (where a value's end
- *   resumes the structure on the same matcher: not a tool's name) to a leaf, where the value
- *   is over; fill is the trie's row (the set kernel's fill_one).
+ *   inside a field's value: accept is the lexer's lookup and one trie step, to a node inside
+ *   the value or (where a value's end resumes the structure on the same matcher: not a tool's
+ *   name) to a leaf, where the value is over; at a node from which a value may end inside a
+ *   token, only for a token that cannot (no exit's head). Fill is the trie's row (the set
+ *   kernel's fill_one); at such a node (where a value's end resumes the structure on the same
+ *   matcher) plus the tokens that end the value and go on: engine._fill_exits, from xgrammar's
+ *   mask after the value and, for a rest that mask cannot decide, engine._feasible's probe
+ *   (the rest taken whole, else no field can be entered inside it), then the lexer's row.
  *
  * xgrammar is called through the handle of its GrammarMatcher (matcher._handle), the cheapest
  * interface it offers: no Python frame of its wrapper. Everything else (a field in reach: an
- * extra token's bit set after the fill; a token that may cross into a field; a value that may
- * end; several readings; a buffer other than a C-contiguous int32 ndarray of the row width;
+ * extra token's bit set after the fill; a token that may cross into a field; a token that may
+ * end a value; a field that may be entered inside a rest; several readings; a buffer other than a C-contiguous int32 ndarray of the row width;
  * an argument that is not an exact int) goes to the Python methods _accept_token_reference and
  * _fill_reference of SchemaMatcher, the reference implementation, which
  * tests/test_schema_native.py compares this against at every step of random walks.
@@ -41,10 +45,10 @@
  *                 the bits of real tokens (the others are the extra tokens)
  *
  * StepTables: one compiled schema's part: its LexTables, which set of keep rows its grammar
- * needs (`controls_in_strings`), `crossing` (uint8 [n]: 1 where the
+ * needs (`controls_in_strings`), the bytes its values start with (`starts_first`), `crossing` (uint8 [n]: 1 where the
  * token may enter one of its fields), per field (Kernel, flags: uint8 by trie node,
- * FIELD_LEAF | FIELD_ACCEPTING | FIELD_EXITS, the last where a value may end inside a token),
- * and `plain_exits`: whether a value's end resumes the structure on the same matcher (not so
+ * FIELD_LEAF | FIELD_ACCEPTING | FIELD_EXITS, the last where a value may end inside a token,
+ * and its Exits, fields.exit_tables: used only where every field has them), and `plain_exits`: whether a value's end resumes the structure on the same matcher (not so
  * for a tool's name, after which its arguments' grammar takes over).
  *
  * SchemaCore: the base class of SchemaMatcher, holding its per-request fields as attributes
