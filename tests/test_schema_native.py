@@ -435,3 +435,15 @@ def test_controls_in_strings_reads_xgrammars_grammars(schema: dict[str, Any], co
 )
 def test_controls_in_strings_is_true_where_it_cannot_tell(text: str) -> None:
     assert controls_in_strings_reference(text) and controls_in_strings(text)
+
+
+@native_only
+@pytest.mark.parametrize("name", ["plain + enum", "enums in arrays and objects", "plain and email + enum"])
+def test_steps_where_a_token_holds_a_whole_value_equal_the_reference(name: str) -> None:
+    """Tokens that hold a whole value and go on (``"no",``, ``"x"}``, ``["x"]``): where one may
+    follow a structural prefix the C fill leaves the row to the reference, elsewhere it enters
+    fields itself; both the same masks as the reference at every step."""
+    vocab = byte_vocabulary([*STRICT_MERGES, b'"no",', b'"x"}', b'["x"]', b': "no"}'])
+    compiled = Compiler(vocab).compile_json_schema(SCHEMAS[name], min_enum_values=2)
+    assert any(f.middle_by_prefix for f in compiled._fields)
+    assert walks_equal(compiled, vocab, name) > 50

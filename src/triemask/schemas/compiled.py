@@ -74,6 +74,7 @@ from .fields import (
     SchemaOptions,
     array_text,
     compile_field,
+    entry_tables,
     exit_tables,
     field_sentinels,
     field_tables,
@@ -201,13 +202,18 @@ class CompiledSchema(SchemaEngine):
         # (a tool's name is left for its arguments' grammar, which _exit compiles)
         plain_exits = type(self)._exit is SchemaEngine._exit
         self._starts_first = bytes(sorted({c for f in fields for c in f.first}))
-        self._step_tables = self._support.step_tables(
-            self._crossing, native if in_c else (), plain_exits, controls, self._starts_first
-        )
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
             for prefix in {*f.enter_masks, *f.middle_by_prefix}:
                 self._fields_by_prefix.setdefault(prefix, []).append(k)
+        self._step_tables = self._support.step_tables(
+            self._crossing,
+            native if in_c else (),
+            plain_exits,
+            controls,
+            self._starts_first,
+            entry_tables(self._fields, self._fields_by_prefix, self._support.prefixes),
+        )
 
     # ------------------------------------------------------------------ public
 

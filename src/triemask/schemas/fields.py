@@ -176,6 +176,30 @@ def step_flags(field: Field) -> npt.NDArray[np.uint8]:
     return flags
 
 
+_NO_WORDS, _NO_BITS = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+
+
+def entry_tables(
+    fields: tuple[Field, ...], fields_by_prefix: dict[int, list[int]], prefixes: list[bytes]
+) -> tuple[tuple[tuple[Any, ...], ...], ...]:
+    """What the C fill reads where a field may be entered (``StepTables``' entries, checked
+    there): by structural prefix id, for each field that may follow it, the field, the prefix
+    and the field's sentinel, the words and bits of its entering tokens there, and whether a
+    token holds a whole value there and goes on (engine._fill_entries)."""
+
+    def entry(k: int, p: int) -> tuple[Any, ...]:
+        words, bits = fields[k].enter_masks.get(p, (_NO_WORDS, _NO_BITS))
+        return (
+            k,
+            prefixes[p] + fields[k].sentinel,
+            np.ascontiguousarray(words, dtype=np.int64),
+            np.ascontiguousarray(bits, dtype=np.int32),
+            bool(fields[k].middle_by_prefix.get(p)),
+        )
+
+    return tuple(tuple(entry(k, p) for k in fields_by_prefix.get(p, ())) for p in range(len(prefixes)))
+
+
 def exit_tables(field: Field) -> tuple[Any, ...]:
     """What the C steps read at a node where a value may end inside a token (``StepTables``'
     exits, checked there): the exits by node, their pieces' heads (tokens, ends, the three

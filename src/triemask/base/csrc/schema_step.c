@@ -7,7 +7,9 @@
  *   (every step of a schema without trie fields): accept is the JSON lexer's table lookup
  *   (strict JSON) and xgrammar's accept_token; fill is xgrammar's fill into the caller's row
  *   (or the scratch row, where the extra tokens of structural prefixes do not fit in the
- *   model's padding ids), then the lexer's keep row ANDed in;
+ *   model's padding ids), then, for each extra token set (a field may follow that prefix),
+ *   engine._fill_entries: each field whose sentinel xgrammar takes after the prefix (then
+ *   rolled back) adds its entering tokens; then the lexer's keep row ANDed in;
  *   inside a field's value: accept is the lexer's lookup and one trie step, to a node inside
  *   the value or (where a value's end resumes the structure on the same matcher: not a tool's
  *   name) to a leaf, where the value is over; at a node from which a value may end inside a
@@ -19,8 +21,9 @@
  *
  * xgrammar is called through the handle of its GrammarMatcher (matcher._handle), the cheapest
  * interface it offers: no Python frame of its wrapper. Everything else (a field in reach: an
- * extra token's bit set after the fill; a token that may cross into a field; a token that may
- * end a value; a field that may be entered inside a rest; several readings; a buffer other than a C-contiguous int32 ndarray of the row width;
+ * token holding a whole value after a prefix where a field may start; a token that may cross
+ * into a field, unless the last fill found none can be entered; a token that may end a value;
+ * a field that may be entered inside a rest; several readings; a buffer other than a C-contiguous int32 ndarray of the row width;
  * an argument that is not an exact int) goes to the Python methods _accept_token_reference and
  * _fill_reference of SchemaMatcher, the reference implementation, which
  * tests/test_schema_native.py compares this against at every step of random walks.
@@ -173,6 +176,18 @@ typedef struct {
     PyObject *first, *sentinel; /* bytes, borrowed from the fields tuple */
 } Exits;
 
+/* Where a field may be entered after a structural prefix (engine._fill_entries): the field, the
+ * prefix's bytes and its sentinel (what xgrammar must take for it), the words and bits of the
+ * tokens that enter it there, and whether some token holds a whole value there and goes on
+ * (middles: the reference reads those). */
+typedef struct {
+    Py_ssize_t field;
+    PyObject *text; /* bytes, borrowed from the entries tuple */
+    Py_buffer words, bits; /* int64, int32 */
+    Py_ssize_t count;
+    int middles;
+} FieldEntry;
+
 typedef struct {
     PyObject_HEAD
     LexTables *lex;
@@ -183,6 +198,9 @@ typedef struct {
     Py_buffer *flags;        /* one per field: uint8 by node */
     Exits *exits;            /* one per field, NULL where every field has none */
     PyObject *starts_first;  /* bytes: every field's first bytes */
+    PyObject *entries_given; /* tuple, by prefix id, of tuples of (field, text, words, bits, middles) */
+    FieldEntry *entries;     /* flat, by prefix id: entry_offsets[p] .. entry_offsets[p + 1] */
+    Py_ssize_t *entry_offsets, n_entries, n_prefixes, first_pseudo;
     int plain_exits;         /* a value's end resumes the structure on the same matcher */
     int keep_rows;           /* the first of the lexer's keep rows the grammar needs */
 } StepTables;
@@ -236,6 +254,8 @@ static int Exits_init(Exits *x, PyObject *given, const LexTables *l, int64_t num
     return !bad;
 }
 
+static int StepTables_entries(StepTables *self, PyObject *given, Py_ssize_t first_pseudo);
+
 static void StepTables_dealloc(StepTables *self) {
     if (self->crossing.obj != NULL) {
         PyBuffer_Release(&self->crossing);
@@ -247,6 +267,13 @@ static void StepTables_dealloc(StepTables *self) {
         release_views(self->exits[k].views, EXIT_VIEWS);
     }
     PyMem_Free(self->exits);
+    for (Py_ssize_t i = 0; self->entries != NULL && i < self->n_entries; i++) {
+        Py_buffer views[] = {self->entries[i].words, self->entries[i].bits};
+        release_views(views, 2);
+    }
+    PyMem_Free(self->entries);
+    PyMem_Free(self->entry_offsets);
+    Py_CLEAR(self->entries_given);
     Py_CLEAR(self->starts_first);
     PyMem_Free(self->flags);
     PyMem_Free(self->kernels);
@@ -258,14 +285,17 @@ static void StepTables_dealloc(StepTables *self) {
 static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     PyObject *lex, *crossing, *fields;
     int plain_exits = 0, controls = 1;
-    PyObject *starts_first = NULL;
-    static char *names[] = {"lex", "crossing", "fields", "plain_exits", "controls_in_strings", "starts_first", NULL};
+    PyObject *starts_first = NULL, *entries = NULL;
+    Py_ssize_t first_pseudo = 0;
+    static char *names[] = {"lex",          "crossing", "fields",       "plain_exits", "controls_in_strings",
+                            "starts_first", "entries",  "first_pseudo", NULL};
     if (self->lex != NULL) {
         PyErr_SetString(PyExc_TypeError, "StepTables are built once");
         return -1;
     }
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!|ppO!", names, &LexTablesType, &lex, &crossing, &PyTuple_Type,
-                                     &fields, &plain_exits, &controls, &PyBytes_Type, &starts_first)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OO!|ppO!O!n", names, &LexTablesType, &lex, &crossing,
+                                     &PyTuple_Type, &fields, &plain_exits, &controls, &PyBytes_Type, &starts_first,
+                                     &PyTuple_Type, &entries, &first_pseudo)) {
         return -1;
     }
     if (PyObject_GetBuffer(crossing, &self->crossing, PyBUF_C_CONTIGUOUS) < 0) {
@@ -325,7 +355,80 @@ static int StepTables_init(StepTables *self, PyObject *args, PyObject *kwds) {
     self->keep_rows = controls ? 0 : LEX_STATES;
     Py_XINCREF(starts_first);
     self->starts_first = starts_first;
+    if (entries != NULL) {
+        int made = StepTables_entries(self, entries, first_pseudo);
+        if (made <= 0) {
+            if (made == 0) {
+                PyErr_SetString(PyExc_ValueError, "schema step tables: inconsistent field entries");
+            }
+            return -1;
+        }
+    }
     return 0;
+}
+
+/* The field entries by prefix id (the extra token first_pseudo + p stands for prefix p), every
+ * index checked: 1, 0 when inconsistent, -1 on an error. */
+static int StepTables_entries(StepTables *self, PyObject *given, Py_ssize_t first_pseudo) {
+    const LexTables *l = self->lex;
+    Py_ssize_t n_prefixes = PyTuple_GET_SIZE(given), total = 0;
+    if (first_pseudo < 0 || first_pseudo + n_prefixes > 32 * l->xgr_width) {
+        return 0;
+    }
+    for (Py_ssize_t p = 0; p < n_prefixes; p++) {
+        if (!PyTuple_Check(PyTuple_GET_ITEM(given, p))) {
+            return 0;
+        }
+        total += PyTuple_GET_SIZE(PyTuple_GET_ITEM(given, p));
+    }
+    self->entries = PyMem_Calloc((size_t)total + 1, sizeof(FieldEntry));
+    self->entry_offsets = PyMem_Calloc((size_t)n_prefixes + 1, sizeof(Py_ssize_t));
+    if (self->entries == NULL || self->entry_offsets == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_INCREF(given);
+    self->entries_given = given;
+    self->n_prefixes = n_prefixes;
+    self->first_pseudo = first_pseudo;
+    for (Py_ssize_t p = 0; p < n_prefixes; p++) {
+        PyObject *here = PyTuple_GET_ITEM(given, p);
+        self->entry_offsets[p] = self->n_entries;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(here); i++) {
+            PyObject *item = PyTuple_GET_ITEM(here, i);
+            if (!PyTuple_Check(item) || PyTuple_GET_SIZE(item) != 5 || !PyLong_CheckExact(PyTuple_GET_ITEM(item, 0)) ||
+                !PyBytes_CheckExact(PyTuple_GET_ITEM(item, 1))) {
+                return 0;
+            }
+            FieldEntry *entry = &self->entries[self->n_entries];
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 2), &entry->words, PyBUF_C_CONTIGUOUS) < 0) {
+                return -1;
+            }
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(item, 3), &entry->bits, PyBUF_C_CONTIGUOUS) < 0) {
+                PyBuffer_Release(&entry->words);
+                return -1;
+            }
+            self->n_entries++;
+            entry->field = PyLong_AsSsize_t(PyTuple_GET_ITEM(item, 0));
+            entry->text = PyTuple_GET_ITEM(item, 1);
+            entry->middles = PyObject_IsTrue(PyTuple_GET_ITEM(item, 4));
+            entry->count = entry->bits.len / (Py_ssize_t)sizeof(int32_t);
+            if (entry->field < 0 || entry->field >= self->n_fields || entry->middles < 0 ||
+                entry->words.len != entry->count * (Py_ssize_t)sizeof(int64_t) ||
+                entry->bits.len % (Py_ssize_t)sizeof(int32_t) != 0) {
+                PyErr_Clear();
+                return 0;
+            }
+            const int64_t *words = (const int64_t *)entry->words.buf;
+            for (Py_ssize_t j = 0; j < entry->count; j++) {
+                if (words[j] < 0 || words[j] >= l->width) {
+                    return 0;
+                }
+            }
+        }
+    }
+    self->entry_offsets[n_prefixes] = self->n_entries;
+    return 1;
 }
 
 static PyMemberDef StepTables_members[] = {
@@ -398,6 +501,25 @@ enum { RESOLVED_OTHER = 0, RESOLVED_STRUCT = 1, RESOLVED_ENUM = 2 };
 static PyObject *str_handle, *str_step_tables, *str_accept_token, *str_fill_next_token_bitmask, *str_batch_fill;
 static PyObject *str_accept_string, *str_rollback, *str_fork;
 static PyObject *small_zero, *small_one, *struct_field, *empty_bytes;
+
+/* A method of xgrammar's matcher handle (fork(), rollback(n), accept_string(data, debug_print)
+ * with debug_flag: its last argument False). */
+static PyObject *call_handle(PyObject *handle, PyObject *name, PyObject *argument, int debug_flag) {
+    PyObject *call[] = {handle, argument, Py_False};
+    size_t count = argument == NULL ? 1 : debug_flag ? 3 : 2;
+    return PyObject_VectorcallMethod(name, call, count | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+}
+
+/* Whether the truth of a call's answer is 1, 0; -1 on an error (the answer released). */
+static int truth_of(PyObject *answer) {
+    if (answer == NULL) {
+        return -1;
+    }
+    int truth = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    return truth;
+}
+
 
 static void SchemaCore_forget(SchemaCore *self) {
     Py_CLEAR(self->resolved);
@@ -668,23 +790,71 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
     Py_RETURN_TRUE;
 }
 
+/* engine._fill_entries for structural prefix `prefix` (set in xgrammar's row `xgr`): for each field
+ * that may follow it, whether xgrammar takes the prefix and the field's sentinel (then rolled
+ * back), and if so its entering tokens ORed into `xgr`. 1 some field can be entered, -2 none,
+ * 0 to defer (no tables; a token that holds a whole value there), -1 on an error. */
+static int SchemaCore_enter(SchemaCore *self, int32_t *xgr, Py_ssize_t prefix) {
+    const StepTables *t = (const StepTables *)self->tables;
+    if (t->entries == NULL || prefix < 0 || prefix >= t->n_prefixes) {
+        return t->entries == NULL ? 0 : -2; /* (an extra token past the prefixes: none, as the reference) */
+    }
+    int entered = -2;
+    for (Py_ssize_t i = t->entry_offsets[prefix]; i < t->entry_offsets[prefix + 1]; i++) {
+        const FieldEntry *entry = &t->entries[i];
+        int taken = truth_of(call_handle(self->handle, str_accept_string, entry->text, 1));
+        if (taken <= 0) {
+            if (taken < 0) {
+                return -1;
+            }
+            continue;
+        }
+        PyObject *undone = call_handle(self->handle, str_rollback, small_one, 0);
+        if (undone == NULL) {
+            return -1;
+        }
+        Py_DECREF(undone);
+        if (entry->middles) {
+            return 0;
+        }
+        entered = 1;
+        const int64_t *words = (const int64_t *)entry->words.buf;
+        const int32_t *bits = (const int32_t *)entry->bits.buf;
+        for (Py_ssize_t j = 0; j < entry->count; j++) {
+            xgr[words[j]] |= bits[j];
+        }
+    }
+    return entered;
+}
+
 /* What follows xgrammar's fill of a structural row (`xgr`, xgrammar's words): 0 to defer when
  * an extra token's bit is set (a field may be entered: the reference fills the row again),
  * else the row `out` written (xgrammar's words with the lexer's keep row) and 1. */
-static int SchemaCore_finish_row(SchemaCore *self, const int32_t *xgr, int32_t *out) {
+static int SchemaCore_finish_row(SchemaCore *self, int32_t *xgr, int32_t *out) {
     const StepTables *t = (const StepTables *)self->tables;
     const LexTables *l = t->lex;
     const int32_t *pseudo_keep = (const int32_t *)l->pseudo_keep.buf;
-    int32_t pseudo = 0;
+    int entered = 0;
     for (Py_ssize_t w = l->pseudo_lo; w < l->pseudo_hi; w++) {
-        pseudo |= xgr[w] & ~pseudo_keep[w - l->pseudo_lo];
-    }
-    if (pseudo) {
-        return 0;
+        uint32_t bits = (uint32_t)(xgr[w] & ~pseudo_keep[w - l->pseudo_lo]);
+        for (; bits != 0; bits &= bits - 1) {
+            int bit = 0;
+            while (!((bits >> bit) & 1u)) {
+                bit++;
+            }
+            int found = SchemaCore_enter(self, xgr, 32 * w + bit - t->first_pseudo);
+            if (found <= 0 && found != -2) {
+                return found; /* (0: defer; -1: an error) */
+            }
+            entered |= found == 1;
+        }
+        xgr[w] &= pseudo_keep[w - l->pseudo_lo]; /* (the extra tokens are no tokens of the model) */
     }
     and_keep(l, t->keep_rows + self->lexer, xgr, out);
-    Py_INCREF(self->configs);
-    Py_SETREF(self->filled, self->configs); /* no field can be entered from these configurations */
+    PyObject *filled = entered ? Py_None : self->configs;
+    Py_INCREF(filled);
+    /* where no field can be entered from these configurations, accept_token needs xgrammar only */
+    Py_SETREF(self->filled, filled);
     return 1;
 }
 
@@ -692,7 +862,7 @@ static int SchemaCore_finish_row(SchemaCore *self, const int32_t *xgr, int32_t *
  * `bitmask`, `row`: the caller's. */
 static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObject *row, int32_t *out) {
     const LexTables *l = ((const StepTables *)self->tables)->lex;
-    const int32_t *xgr = out;
+    int32_t *xgr = out;
     PyObject *target = bitmask, *index = row;
     if (!l->inline_pseudo) {
         const ArrayHeader *s = (const ArrayHeader *)self->scratch;
@@ -703,7 +873,7 @@ static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObj
         }
         target = self->scratch;
         index = small_zero;
-        xgr = (const int32_t *)s->data;
+        xgr = (int32_t *)s->data;
     }
     PyObject *call[] = {self->handle, target, index, Py_False};
     PyObject *result =
@@ -713,23 +883,6 @@ static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObj
     }
     Py_DECREF(result);
     return SchemaCore_finish_row(self, xgr, out);
-}
-
-/* A method of xgrammar's matcher handle with its last argument False (debug_print): accept_string. */
-static PyObject *call_handle(PyObject *handle, PyObject *name, PyObject *argument, int debug_flag) {
-    PyObject *call[] = {handle, argument, Py_False};
-    size_t count = argument == NULL ? 1 : debug_flag ? 3 : 2;
-    return PyObject_VectorcallMethod(name, call, count | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
-}
-
-/* Whether the truth of a call's answer is 1, 0; -1 on an error (the answer released). */
-static int truth_of(PyObject *answer) {
-    if (answer == NULL) {
-        return -1;
-    }
-    int truth = PyObject_IsTrue(answer);
-    Py_DECREF(answer);
-    return truth;
 }
 
 /* engine._feasible for a rest of a token after a value's end, on the structure's matcher past
@@ -1028,7 +1181,11 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
     for (Py_ssize_t i = 0; i < n; i++) {
         if (batched[i]) {
             int32_t *out = (int32_t *)h->data + targets[i] * h->dimensions[1];
-            if (SchemaCore_finish_row((SchemaCore *)items[i], out, out)) {
+            int finished = SchemaCore_finish_row((SchemaCore *)items[i], out, out);
+            if (finished < 0) {
+                goto done;
+            }
+            if (finished) {
                 continue;
             }
         }
