@@ -20,13 +20,13 @@
  *   (the rest taken whole, else no field can be entered inside it), then the lexer's row.
  *
  * xgrammar is called through the handle of its GrammarMatcher (matcher._handle), the cheapest
- * interface it offers: no Python frame of its wrapper. Everything else (a field in reach: an
- * token holding a whole value after a prefix where a field may start; a token that may cross
- * into a field, unless the last fill found none can be entered; a token that may end a value;
- * a field that may be entered inside a rest; several readings; a buffer other than a C-contiguous int32 ndarray of the row width;
- * an argument that is not an exact int) goes to the Python methods _accept_token_reference and
- * _fill_reference of SchemaMatcher, the reference implementation, which
- * tests/test_schema_native.py compares this against at every step of random walks.
+ * interface it offers: no Python frame of its wrapper. Everything else (a token holding a
+ * whole value after a prefix where a field may start; a token that may cross into a field,
+ * unless the last fill found none can be entered; a token that may end a value; a field that
+ * may be entered inside a rest; several readings; a buffer other than a C-contiguous int32
+ * ndarray of the row width; an argument that is not an exact int) goes to the Python methods
+ * _accept_token_reference and _fill_reference of SchemaMatcher, the reference implementation,
+ * which tests/test_schema_native.py compares this against at every step of random walks.
  *
  * LexTables: a vocabulary's part, built once per vocabulary and checked here once:
  *
@@ -47,11 +47,13 @@
  *   pseudo_keep   int32 [pseudo_hi - pseudo_lo]: in xgrammar's words pseudo_lo .. pseudo_hi,
  *                 the bits of real tokens (the others are the extra tokens)
  *
- * StepTables: one compiled schema's part: its LexTables, which set of keep rows its grammar
- * needs (`controls_in_strings`), the bytes its values start with (`starts_first`), `crossing` (uint8 [n]: 1 where the
- * token may enter one of its fields), per field (Kernel, flags: uint8 by trie node,
- * FIELD_LEAF | FIELD_ACCEPTING | FIELD_EXITS, the last where a value may end inside a token,
- * and its Exits, fields.exit_tables: used only where every field has them), and `plain_exits`: whether a value's end resumes the structure on the same matcher (not so
+ * StepTables: one compiled schema's part: its LexTables; which set of keep rows its grammar
+ * needs (`controls_in_strings`); the bytes its values start with (`starts_first`); `crossing`
+ * (uint8 [n]: 1 where the token may enter one of its fields); per field its Kernel, flags
+ * (uint8 by trie node: FIELD_LEAF | FIELD_ACCEPTING | FIELD_EXITS, the last where a value may
+ * end inside a token) and Exits (fields.exit_tables: used only where every field has them);
+ * the field entries by structural prefix (fields.entry_tables) and the first extra token's id;
+ * and `plain_exits`: whether a value's end resumes the structure on the same matcher (not so
  * for a tool's name, after which its arguments' grammar takes over).
  *
  * SchemaCore: the base class of SchemaMatcher, holding its per-request fields as attributes
