@@ -39,6 +39,7 @@ from triemask.base import kernels
 from triemask.schemas import clear_structure_cache
 from triemask.schemas import matcher as matcher_module
 from triemask.schemas import support as support_module
+from triemask.schemas.fields import entry_tables, exit_tables, step_flags
 from triemask.schemas.json_lexer import (
     LEX_REFUSED,
     REFUSED_ANYWHERE,
@@ -447,3 +448,54 @@ def test_steps_where_a_token_holds_a_whole_value_equal_the_reference(name: str) 
     compiled = Compiler(vocab).compile_json_schema(SCHEMAS[name], min_enum_values=2)
     assert any(f.middle_by_prefix for f in compiled._fields)
     assert walks_equal(compiled, vocab, name) > 50
+
+
+@native_only
+def test_exit_and_entry_tables_are_checked(vocab: Vocabulary) -> None:
+    """Every index the C fills around a value read is checked when the tables are built."""
+    compiled = Compiler(vocab).compile_json_schema(SCHEMAS["plain + enum"], min_enum_values=2)
+    support = compiled._support
+    field = compiled._fields[0]
+    kernel = native_kernel(field.automaton)
+    exits = exit_tables(field)
+    entries = entry_tables(compiled._fields, compiled._fields_by_prefix, support.prefixes)
+    good = {
+        "lex": support.lex_tables,
+        "crossing": np.zeros(len(support.tokens), dtype=np.uint8),
+        "fields": ((kernel, step_flags(field), exits),),
+        "plain_exits": True,
+        "starts_first": compiled._starts_first,
+        "entries": entries,
+        "first_pseudo": support.first_pseudo,
+    }
+    native = kernels.KERNELS
+    assert native is not None
+    native.StepTables(**good)
+
+    def exits_with(index: int, value: Any) -> tuple[Any, ...]:
+        return (*exits[:index], value, *exits[index + 1 :])
+
+    bad_exits = [
+        exits_with(0, np.full(len(exits[0]), field.automaton.num_nodes, dtype=np.int32)),  # a node past the trie
+        exits_with(1, np.full(len(exits[1]), len(field.pieces.pieces) + 5, dtype=np.int32)),  # a piece past them
+        exits_with(3, np.full(len(exits[3]), len(support.tokens), dtype=np.int64)),  # a token past them
+        exits_with(4, np.full(len(exits[4]), 1 << 20, dtype=np.int32)),  # a head's end past its token
+        exits_with(5, np.full_like(exits[5], 1 << 40)),  # a lookup past xgrammar's vocabulary
+        exits[:-1],
+    ]
+    for bad in bad_exits:
+        with pytest.raises(ValueError, match="schema step tables"):
+            native.StepTables(**{**good, "fields": ((kernel, step_flags(field), bad),)})
+    prefix = next(p for p, here in enumerate(entries) if here and len(here[0][2]))
+    k, text, words, bits, middles = entries[prefix][0]
+    for bad_entry in [
+        (5, text, words, bits, middles),  # a field past the schema's
+        (k, text, np.full_like(words, 1 << 30), bits, middles),  # a word past the row
+        (k, text, words[:0], bits, middles),  # words and bits of other lengths
+        (k, "text", words, bits, middles),
+    ]:
+        changed = (*entries[:prefix], (bad_entry, *entries[prefix][1:]), *entries[prefix + 1 :])
+        with pytest.raises(ValueError, match="schema step tables"):
+            native.StepTables(**{**good, "entries": changed})
+    with pytest.raises(ValueError, match="schema step tables"):
+        native.StepTables(**{**good, "first_pseudo": 1 << 30})
