@@ -240,23 +240,25 @@ class VocabularySupport:
         fields: tuple[tuple[Any, ...], ...],
         plain_exits: bool,
         controls: bool,
-        starts_first: bytes = b"",
-        entries: tuple[tuple[tuple[Any, ...], ...], ...] = (),
+        starts_first: bytes,
+        entries: tuple[tuple[tuple[Any, ...], ...], ...] | None,
     ) -> Any:
         """What the C steps of a schema read (``_native.StepTables``: :attr:`lex_tables`;
         ``crossing``, the tokens that may enter one of its fields; per field, its trie's kernel,
         flags by node and :func:`~.fields.exit_tables`; ``plain_exits``: a value's end resumes
         the structure on the same matcher; ``controls``: its grammar may admit a raw control
         character inside a string, :func:`~.structure.controls_in_strings`; ``starts_first``:
-        the bytes any of its values starts with; ``entries``: :func:`~.fields.entry_tables`),
-        or None without the C extension. Shared by the schemas without trie fields that agree
-        on ``controls``."""
+        the bytes any of its values starts with; ``entries``: :func:`~.fields.entry_tables`,
+        one per structural prefix, or None: a fill where a field may be entered is the
+        reference's), or None without the C extension. Shared by the schemas
+        without trie fields that agree on ``controls``."""
         native = kernels.KERNELS
         if native is None or not handles_usable():
             return None
         if crossing or fields:  # (fields may be given empty: a field without a kernel)
             flags = np.zeros(len(self.tokens), dtype=np.uint8)
             flags[np.fromiter(crossing, dtype=np.int64, count=len(crossing))] = 1
+            entering = {} if entries is None else {"entries": entries, "first_pseudo": self.first_pseudo}
             return native.StepTables(
                 lex=self.lex_tables,
                 crossing=flags,
@@ -264,8 +266,7 @@ class VocabularySupport:
                 plain_exits=plain_exits,
                 controls_in_strings=controls,
                 starts_first=starts_first,
-                entries=entries,
-                first_pseudo=self.first_pseudo,
+                **entering,
             )
         with self._lock:
             found = self._plain_tables.get(controls)
