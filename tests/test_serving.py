@@ -522,3 +522,16 @@ def test_schemas_with_unenforced_keywords_are_served_and_logged(
         compiled = sets.get(request).schema
     assert compiled is not None and compiled.unenforced == ("$.uniqueItems", "$.not")
     assert "does not enforce: $.uniqueItems, $.not" in caplog.text
+    # a tool's arguments compile in the engine's step: what they do not enforce is logged at
+    # admission, once for a tool list seen again, and the compile warns nowhere
+    tools = [{"name": "tag", "parameters": {"type": "object", "properties": {"t": {"not": {"const": 1}}}}}]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="triemask"), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):
+            tool_request = _serving.requested_schema({_serving.TOOLS_ARG: tools})
+            assert tool_request is not None
+        served = sets.get(tool_request).schema
+        assert served is not None
+        assert served.arguments_schema("tag").unenforced == ("$.properties.arguments.properties.t.not",)
+    assert caplog.text.count("$[0].parameters.properties.t.not") == 1

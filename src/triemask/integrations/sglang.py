@@ -51,9 +51,9 @@ from ..schemas import (
     structure_cost,
 )
 from ..sets import dag_of_pattern
-from .serving.compiled_sets import CompiledSets, compile_registered, hf_vocabulary, log_unenforced
+from .serving.compiled_sets import CompiledSets, compile_registered, hf_vocabulary
 from .serving.limits import FORMAT_ARG, REGEX_ARG, SET_ARG, VALUES_ARG, Limits
-from .serving.requests import literal_alternatives, requested_pattern, requested_values
+from .serving.requests import literal_alternatives, log_unenforced, requested_pattern, requested_values
 from .serving.rows import Row, catch_up_rows, mask_rows
 
 try:
@@ -293,7 +293,8 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
             compiled = self.compiler.compile_json_schema(
                 key_string, any_whitespace=any_whitespace, unsupported="ignore"
             )
-            log_unenforced(compiled)
+            if compiled.unenforced:
+                log_unenforced(compiled.unenforced)
             return TriemaskGrammar(compiled)
         except Exception as error:
             logger.error("triemask: invalid json_schema: %s", error)

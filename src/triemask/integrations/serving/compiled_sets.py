@@ -19,20 +19,9 @@ from ...schemas import CompiledSchema, prepare_schemas
 from ...vocab import Vocabulary
 from .limits import SCHEMA_ARG, SETS_ENV, Limits
 from .registry import registered_generation, registered_sets
-from .requests import PatternRequest, SchemaRequest
+from .requests import PatternRequest, SchemaRequest, log_unenforced
 
 logger = logging.getLogger("triemask")
-
-
-def log_unenforced(schema: CompiledSchema) -> None:
-    """One log line for a schema served with keywords xgrammar does not enforce (the standard
-    engine serves them too: a drop-in does not refuse them)."""
-    if schema.unenforced:
-        logger.warning(
-            "triemask: serving a schema whose %s the structural engine (xgrammar) does not enforce: %s",
-            "keyword" if len(schema.unenforced) == 1 else f"{len(schema.unenforced)} keywords",
-            ", ".join(schema.unenforced[:8]) + (", ..." if len(schema.unenforced) > 8 else ""),
-        )
 
 
 @dataclass
@@ -123,9 +112,10 @@ class CompiledSets:
         given = json.loads(request.text)
         if request.kind == SCHEMA_ARG:  # (served as xgrammar would serve it; what it does not enforce, logged)
             schema: CompiledSchema = self.compiler.compile_json_schema(given, unsupported="ignore")
-            log_unenforced(schema)
-        else:
-            schema = self.compiler.compile_tools(given)  # a tool's arguments compile when it is chosen
+            if schema.unenforced:
+                log_unenforced(schema.unenforced)
+        else:  # (a tool's arguments compile when it is chosen: what they do not enforce, logged at admission)
+            schema = self.compiler.compile_tools(given, unsupported="ignore")
         return CompiledSet(None, None, schema.memory_bytes + self.ENTRY_OVERHEAD, schema)
 
     def get(self, values: Sequence[str] | SchemaRequest | PatternRequest) -> CompiledSet:

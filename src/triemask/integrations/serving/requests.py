@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from ...base import PatternError, TriemaskError
@@ -101,6 +103,20 @@ class SchemaRequest:
     text: str
 
 
+logger = logging.getLogger("triemask")
+
+
+@lru_cache(maxsize=1024)  # once per list of paths: a server sees the same tools again and again
+def log_unenforced(paths: tuple[str, ...]) -> None:
+    """One log line for a schema or tool list served with keywords xgrammar does not enforce
+    (the standard engine serves them too: a drop-in does not refuse them)."""
+    logger.warning(
+        "triemask: serving a schema whose %s the structural engine (xgrammar) does not enforce: %s",
+        "keyword" if len(paths) == 1 else f"{len(paths)} keywords",
+        ", ".join(paths[:8]) + (", ..." if len(paths) > 8 else ""),
+    )
+
+
 def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None = None) -> SchemaRequest | None:
     """The JSON schema or tool list a request asks for, or None.
 
@@ -145,13 +161,17 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
         else:
             if isinstance(given, str):
                 given = json.loads(given)
+            unenforced: list[str] = []
             for index, (_, parameters) in enumerate(read_tools(given)):
                 try:
-                    dispatch(load_schema(parameters), 1, patterns=False)  # (load_schema bounds its depth)
+                    _, _, found = dispatch(load_schema(parameters), 1, patterns=False)  # (depth bounded)
                     _price_structure(kind, f"$[{index}].parameters", parameters, limits)  # one tool at a time
-                except TriemaskError as error:  # noqa: PERF203 - the error path
+                except TriemaskError as error:
                     path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
                     raise RequestError(f"{kind!r} at {path}: {error}") from None
+                unenforced += (f"$[{index}].parameters{path[1:]}" for path in found)
+            if unenforced:  # (a tool's arguments compile in the engine's step: reported here, once)
+                log_unenforced(tuple(unenforced))
             loaded = given
         # in its own key order: xgrammar emits properties in the order given, so order is language
         text = priced(json.dumps(loaded, ensure_ascii=False))
