@@ -38,6 +38,7 @@ from triemask.automata import native_kernel
 from triemask.base import kernels
 from triemask.schemas import clear_structure_cache
 from triemask.schemas import matcher as matcher_module
+from triemask.schemas import reading as reading_module
 from triemask.schemas import support as support_module
 from triemask.schemas.fields import entry_tables, exit_tables, step_flags
 from triemask.schemas.json_lexer import (
@@ -396,6 +397,38 @@ def test_controls_in_strings_in_c_equals_the_reference(text: str) -> None:
     native = kernels.KERNELS
     assert native is not None
     assert native.controls_in_strings(text) == controls_in_strings_reference(text), repr(text)
+
+
+# JSON documents (the containers a loaded schema holds), and objects that are no JSON: tuples,
+# a dict subclass, sets, which neither walk enters.
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=2), inner, max_size=4),
+    max_leaves=40,
+)
+_NOT_ENTERED = st.tuples(_JSON) | st.builds(lambda d: type("D", (dict,), {})(d), st.dictionaries(st.text(), _JSON))
+
+
+@native_only
+@settings(max_examples=300, deadline=None)
+@given(node=st.recursive(_JSON | _NOT_ENTERED, lambda inner: st.lists(inner, max_size=3), max_leaves=12))
+def test_json_containers_in_c_equals_the_references(node: Any) -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    dicts, depth = native.json_containers(node)
+    assert [id(d) for d in dicts] == [id(d) for d in reading_module._dicts_within_reference(node)]
+    assert depth == reading_module._depth_reference(node)
+
+
+@native_only
+def test_json_containers_takes_depths_beyond_the_c_stack() -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    node: Any = {}
+    for _ in range(100_000):
+        node = {"a": [node]}
+    dicts, depth = native.json_containers(node)
+    assert (len(dicts), depth) == (100_001, 200_001)
 
 
 @pytest.mark.parametrize(

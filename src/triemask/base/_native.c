@@ -40,6 +40,8 @@
  *   python_types.c  MatcherCore and AutomatonCore, the C base classes of Matcher and automata
  *   schema_step.c   SchemaCore, LexTables, StepTables: a mixed schema's common steps (xgrammar's handle,
  *                   the field tries' kernels)
+ *   ebnf_controls.c whether xgrammar's printed grammar may admit a raw control character in a string
+ *   json_walk.c     a loaded schema's dicts and depth (schemas.reading)
  *   lazy_kernels.c  the lazy layout's Kernel: edges, spelling values, cache controls
  *   checks.c        the file format's checksum and the check that stored edges spell the values
  */
@@ -51,6 +53,7 @@
 #include "csrc/python_types.c"
 #include "csrc/schema_step.c"
 #include "csrc/ebnf_controls.c"
+#include "csrc/json_walk.c"
 #include "csrc/lazy_kernels.c"
 #include "csrc/checks.c"
 
@@ -69,6 +72,8 @@ static PyMethodDef module_methods[] = {
      "lex_tokens(data, offsets, lengths, table, why): the JSON lexer over every token (json_lexer.Lexical)."},
     {"controls_in_strings", controls_in_strings, METH_O,
      "controls_in_strings(ebnf): whether xgrammar's printed grammar may admit a raw control in a string."},
+    {"json_containers", json_containers, METH_O,
+     "json_containers(node) -> (dicts, depth): every dict inside a loaded schema and how deeply it nests."},
     {"fill_schema_rows", (PyCFunction)(void (*)(void))fill_schema_rows, METH_FASTCALL,
      "fill_schema_rows(matchers, bitmask, rows, batcher): schema rows, the structural ones in one xgrammar call\n"
      "(True), or None to defer to fill_next_token_bitmasks's checks."},

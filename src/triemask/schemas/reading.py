@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..base import ArgumentTypeError, PatternError, SchemaError
+from ..base import ArgumentTypeError, PatternError, SchemaError, kernels
 from ..sets import FORMATS, dag_of_pattern
 
 TOO_DEEP = "the schema is nested too deeply"  # how every refusal of a deep schema begins
@@ -159,7 +159,14 @@ def load_schema(schema: Any) -> dict[str, Any]:
 
 
 def _depth(node: Any) -> int:
-    """How deeply ``node``'s JSON nests (without recursion): level by level, containers only."""
+    """How deeply ``node``'s JSON nests (without recursion). In C where the extension is
+    built (with :func:`_dicts_within`'s walk), else :func:`_depth_reference`."""
+    native = kernels.KERNELS
+    return int(native.json_containers(node)[1]) if native is not None else _depth_reference(node)
+
+
+def _depth_reference(node: Any) -> int:
+    """:func:`_depth` in Python: level by level, containers only."""
     depth, level = 0, [node] if type(node) in (dict, list) else []
     while level:
         depth += 1
@@ -336,7 +343,15 @@ def _key_schemas(schema: dict[str, Any]) -> set[int]:
 
 
 def _dicts_within(node: Any) -> list[dict[str, Any]]:
-    """Every dict inside ``node``, itself included (every subschema, and some dicts that are not)."""
+    """Every dict inside ``node``, itself included (every subschema, and some dicts that are
+    not). In C where the extension is built (a 500-tool schema's 17,000 dicts: 0.5 ms against
+    5 ms), else :func:`_dicts_within_reference`, in the same order."""
+    native = kernels.KERNELS
+    return native.json_containers(node)[0] if native is not None else _dicts_within_reference(node)
+
+
+def _dicts_within_reference(node: Any) -> list[dict[str, Any]]:
+    """:func:`_dicts_within` in Python."""
     found: list[dict[str, Any]] = []
     stack: list[Any] = [node] if type(node) in (dict, list) else []
     while stack:  # (a loaded schema holds exact dicts and lists; containers only are stacked)
@@ -349,6 +364,10 @@ def _dicts_within(node: Any) -> list[dict[str, Any]]:
     return found
 
 
+_DISPATCH_KEYWORDS = frozenset({"pattern", "format", "enum", "anyOf", "oneOf", *_UNENFORCED})
+"""The keywords :func:`_nothing_to_dispatch` looks at: a dict with none of them is cleared."""
+
+
 def _nothing_to_dispatch(schema: dict[str, Any], min_enum_values: int) -> bool:
     """Whether no part of ``schema`` can become a site nor needs :func:`dispatch`'s checks,
     judged from every dict in it in one pass (most schemas: a function's arguments, a tool
@@ -356,6 +375,8 @@ def _nothing_to_dispatch(schema: dict[str, Any], min_enum_values: int) -> bool:
     clear at a glance (an enum or a union of consts that may be large or is not plain, a
     pattern, a format, a keyword xgrammar does not enforce) takes the full visit."""
     for node in _dicts_within(schema):
+        if _DISPATCH_KEYWORDS.isdisjoint(node):
+            continue  # (most dicts: one set test, not the checks below)
         if (
             not _UNENFORCED.keys().isdisjoint(node)
             or type(node.get("pattern")) is str
