@@ -11,7 +11,7 @@ from triemask.datasets import synthetic_tools
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-from triemask.integrations.transformers import TrieLogitsProcessor  # noqa: E402
+from triemask.integrations.transformers import TrieLogitsProcessor, compiler_for  # noqa: E402
 from triemask.integrations.transformers import spelled_value as _value  # noqa: E402
 
 NESTED = ["get", "get_user", "get_users", "g", "naïve 🦙", "slack.get_user"]
@@ -297,3 +297,49 @@ def test_generate_json_returns_valid_objects() -> None:
         for call in calls:
             assert call["name"] in ("get_user", "get")
             assert call["arguments"] in ({"id": "a"}, {"id": "b"}, {"flag": True}, {"flag": False})
+
+
+def test_generate_json_and_the_processor_take_openai_request_fields() -> None:
+    pytest.importorskip("xgrammar")
+    import triemask
+    from triemask import ArgumentTypeError
+
+    tokenizer = byte_level_tokenizer()
+    model = tiny_causal_lm(len(tokenizer), 3)  # type: ignore[arg-type]
+    labels = {"type": "object", "properties": {"label": {"enum": ["cat", "dog", "cow"]}}, "required": ["label"]}
+    tools = [
+        {"type": "function", "function": {"name": "classify", "parameters": labels}},
+        {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
+    ]
+    prompts = ["Which animal?", "x"]
+    formatted = triemask.generate_json(
+        model,
+        tokenizer,
+        prompts,
+        response_format={"type": "json_schema", "json_schema": {"name": "animal", "schema": labels}},
+        max_new_tokens=40,
+    )
+    assert all(answer["label"] in ("cat", "dog", "cow") for answer in formatted)
+    required = triemask.generate_json(model, tokenizer, prompts, tools=tools, tool_choice="required", max_new_tokens=60)
+    assert all(call["name"] in ("classify", "noop") and isinstance(call["arguments"], dict) for call in required)
+    named = triemask.generate_json(
+        model,
+        tokenizer,
+        prompts,
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "classify"}},
+        max_new_tokens=40,
+    )
+    assert all(arguments["label"] in ("cat", "dog", "cow") for arguments in named)  # the arguments, as vLLM
+    objects = triemask.generate_json(
+        model, tokenizer, prompts, response_format={"type": "json_object"}, max_new_tokens=80
+    )
+    assert all(isinstance(answer, dict) for answer in objects)
+    with pytest.raises(ArgumentTypeError, match="not both"):
+        triemask.generate_json(model, tokenizer, prompts, labels, response_format={"type": "json_object"})
+    with pytest.raises(ArgumentTypeError, match="leave the answer free"):
+        triemask.generate_json(model, tokenizer, prompts, tools=tools, tool_choice="auto")
+    compiler = compiler_for(model, tokenizer)
+    processor = TrieLogitsProcessor.from_request(compiler, tools=tools, tool_choice="required")
+    assert isinstance(processor.automaton, triemask.CompiledTools)
+    assert processor.automaton.tool_names == ["classify", "noop"]

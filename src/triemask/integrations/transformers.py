@@ -24,7 +24,7 @@ from ..automata import DEAD, DagAutomaton, TrieAutomaton
 from ..base import ArgumentTypeError, BitmaskError, BoundedLRU, StateError, VocabularyError
 from ..cache import default_compile_cache
 from ..compiler import Compiler
-from ..schemas import CompiledSchema, SchemaMatcher, allowed_token_rows
+from ..schemas import CompiledSchema, SchemaMatcher, allowed_token_rows, constraint_of_request
 from ..vocab import Vocabulary
 
 try:
@@ -107,6 +107,27 @@ class TrieLogitsProcessor(LogitsProcessor):  # type: ignore[misc,unused-ignore] 
         self._eos = np.asarray(automaton.eos_token_ids, dtype=np.int64)
         self.steps = 0
         self.mask_seconds = 0.0
+
+    @classmethod
+    def from_request(
+        cls,
+        compiler: Compiler,
+        *,
+        response_format: Any = None,
+        tools: Any = None,
+        tool_choice: Any = None,
+        prompt_length: int | None = None,
+        **options: Any,
+    ) -> TrieLogitsProcessor:
+        """A processor for the fields of an OpenAI chat request (as :func:`generate_json` reads
+        them: :func:`triemask.schemas.constraint_of_request`), compiled with ``compiler``
+        (``options``: :meth:`Compiler.compile_json_schema`'s) through the process's compile
+        cache. A request that leaves the answer free raises ``ArgumentTypeError``."""
+        constraint = _constraint(None, response_format, tools, tool_choice)
+        compiled = default_compile_cache().compile_schema(
+            compiler, constraint, tools=isinstance(constraint, list), **options
+        )
+        return cls(compiled, prompt_length=prompt_length)
 
     def _rows(self, input_ids: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64] | None, bool]:
         """Every row's tokens, the previous call's rows, and whether each row is the
@@ -329,8 +350,11 @@ def generate_json(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[str],
-    schema_or_tools: Any,
+    schema_or_tools: Any = None,
     *,
+    response_format: Any = None,
+    tools: Any = None,
+    tool_choice: Any = None,
     system: str | None = None,
     batch_size: int = 8,
     max_new_tokens: int = 256,
@@ -348,7 +372,13 @@ def generate_json(
         User messages (the chat template is applied as in :func:`choose`).
     schema_or_tools : dict, str, pydantic model class, list of tool specs, or CompiledSchema
         A JSON schema, or OpenAI-style function specs (the output is then
-        ``{"name": ..., "arguments": ...}``), or one compiled already.
+        ``{"name": ..., "arguments": ...}``), or one compiled already. Or, instead:
+    response_format, tools, tool_choice
+        The fields of an OpenAI chat request, read as the serving engines read them
+        (:func:`triemask.schemas.constraint_of_request`): ``response_format={"type":
+        "json_schema", "json_schema": {"schema": ...}}`` or ``{"type": "json_object"}``;
+        ``tools=[...]`` with ``tool_choice="required"`` (one call, as with a tool list above)
+        or a named function (its arguments).
     max_new_tokens : int
         The budget per answer; an answer not complete within it raises.
     any_whitespace : bool
@@ -365,7 +395,7 @@ def generate_json(
         raise ArgumentTypeError("prompts must be a list of strings; wrap a single prompt in a list")
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}")
-    compiled = schema_or_tools
+    compiled = _constraint(schema_or_tools, response_format, tools, tool_choice)
     if not isinstance(compiled, CompiledSchema):
         # through the process's compile cache: the same plain-JSON schema is compiled once
         compiled = default_compile_cache().compile_schema(
@@ -388,6 +418,27 @@ def generate_json(
             )
         answers.append(matcher.value)
     return answers
+
+
+def _constraint(schema_or_tools: Any, response_format: Any, tools: Any, tool_choice: Any) -> Any:
+    """What :func:`generate_json` compiles: ``schema_or_tools``, or the request fields'
+    constraint (never both, never neither)."""
+    request = {"response_format": response_format, "tools": tools, "tool_choice": tool_choice}
+    given = [name for name, value in request.items() if value is not None]
+    if schema_or_tools is not None:
+        if given:
+            raise ArgumentTypeError(
+                f"give schema_or_tools or the request fields ({', '.join(given)}), not both: one constraint at a time"
+            )
+        return schema_or_tools
+    constraint = constraint_of_request(response_format=response_format, tools=tools, tool_choice=tool_choice)
+    if constraint is None:
+        raise ArgumentTypeError(
+            "generate_json needs a constraint: schema_or_tools, a json_schema or json_object response_format, "
+            f"or tools with tool_choice 'required' or a named function (got {', '.join(given) or 'none'}; "
+            "tool_choice 'auto' and 'none' leave the answer free)"
+        )
+    return constraint.tools if constraint.tools is not None else constraint.schema
 
 
 def _encode_left_padded(tokenizer: Any, batch: list[str]) -> Any:

@@ -5,6 +5,7 @@ from .compiled import CompiledSchema, schema_from_bytes
 from .fields import SchemaOptions, stored_field_automaton
 from .matcher import SchemaMatcher, allowed_token_bitmask, allowed_token_rows, fill_next_token_bitmasks
 from .reading import TOO_DEEP, dispatch, load_schema, structure_cost
+from .requests import RequestConstraint, constraint_of_request
 from .structure import DEFAULT_MIN_ENUM_VALUES
 from .support import clear_structure_cache, prepare_schemas
 from .tools import DEFAULT_TOOL_CACHE_BYTES, CompiledTools, read_tools
@@ -15,11 +16,13 @@ __all__ = [
     "TOO_DEEP",
     "CompiledSchema",
     "CompiledTools",
+    "RequestConstraint",
     "SchemaMatcher",
     "SchemaOptions",
     "allowed_token_bitmask",
     "allowed_token_rows",
     "clear_structure_cache",
+    "constraint_of_request",
     "dispatch",
     "fill_next_token_bitmasks",
     "load_schema",
