@@ -1,16 +1,17 @@
 """What an OpenAI chat request constrains: ``response_format``, ``tools`` and ``tool_choice``
 read into the schema or tool list that triemask compiles.
 
-The mapping is the serving engines' own (vLLM 0.32, ``vllm/entrypoints/openai``; SGLang
-``serving_chat``), except where they build one union schema for a tool list:
+The fields are read as the serving engines read them (vLLM 0.32, ``vllm/entrypoints/openai``;
+SGLang ``serving_chat``), except that a required tool list stays a tool list where they build
+one union schema of it, and ``json_object`` is OpenAI's definition (any object):
 
 =====================================================  =============================================
 request                                                constraint
 =====================================================  =============================================
-``response_format={"type": "json_schema",``           the schema, as given
+``response_format={"type": "json_schema",``            the schema, as given
 ``"json_schema": {"schema": S, ...}}``
-``response_format={"type": "json_object"}``           ``{"type": "object"}``: any JSON object
-``response_format={"type": "text"}`` or none            nothing
+``response_format={"type": "json_object"}``            ``{"type": "object"}``: any JSON object
+``response_format={"type": "text"}`` or none           nothing
 ``tools=[...], tool_choice="required"``                the tool list: one call ``{"name": <a tool>,
                                                        "arguments": <its parameters>}``
                                                        (:meth:`Compiler.compile_tools`)

@@ -66,8 +66,7 @@ static PyObject *json_containers(PyObject *module, PyObject *node) {
         }
     }
     PyMem_Free(stack);
-    PyObject *result = Py_BuildValue("(Nn)", dicts, depth);
-    return result;
+    return Py_BuildValue("(Nn)", dicts, depth);
 failed:
     PyMem_Free(stack);
     Py_DECREF(dicts);
