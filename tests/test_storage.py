@@ -579,3 +579,30 @@ def test_the_checksum_is_the_reference_and_catches_every_word(size: int, monkeyp
         assert checksum(data) != native, at
         data[at] ^= 1 << (at % 8)
     assert checksum(data + b"\0") != native  # the length is mixed in: a padding byte is a change
+
+
+def test_a_failed_verification_waits_for_every_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A corrupt first piece is reported only once every piece's check has ended: the caller
+    may then cut or rewrite the mapped file, and a check still reading it would kill the
+    process (SIGBUS) instead of raising. (Seen in CI: a hypothesis example rewrote the file
+    of the previous example, whose later pieces were still being checked.)"""
+    import time
+
+    monkeypatch.setattr(_storage, "_CHUNK", 8)
+    array = np.arange(32, dtype=np.uint8)  # four pieces
+    sums = [checksum(array[i : i + 8]) for i in range(0, 32, 8)]
+    ended: list[int] = []
+
+    def slow_checksum(piece: memoryview) -> int:
+        if piece[0] != 0:  # every piece but the first (the corrupt one) takes its time
+            time.sleep(0.2)
+        found = checksum(piece)
+        ended.append(piece[0])
+        return found
+
+    monkeypatch.setattr(_storage, "checksum", slow_checksum)
+    stored = _storage.Stored({"arrays": {"a": {"checksums": [sums[0] ^ 1, *sums[1:]]}}}, {"a": array}, "file 'x'")
+    wait = stored.verify_in_background()
+    with pytest.raises(AutomatonFileError, match="array 'a' fails its checksum"):
+        wait()
+    assert sorted(ended) == [0, 8, 16, 24]

@@ -34,6 +34,7 @@ import struct
 import threading
 import zlib
 from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -152,8 +153,8 @@ class Stored:
 
     def verify_in_background(self) -> Callable[[], None]:
         """Start checking every array's checksums on worker threads (the C checksum releases
-        the GIL) while the caller builds the automaton; the returned function waits for them
-        and raises AutomatonFileError naming the first array that fails."""
+        the GIL) while the caller builds the automaton; the returned function waits for every
+        one of them, then raises AutomatonFileError naming the first array that fails."""
         checks = []
         for name, array in self.arrays.items():
             expected = self.header["arrays"][name]["checksums"]
@@ -161,6 +162,10 @@ class Stored:
                 checks.append((name, sum_, _verifiers().submit(checksum, piece)))
 
         def wait() -> None:
+            # Every piece's check ends before this returns or raises: the caller may close the
+            # buffer, or anyone may cut the file, as soon as it has an answer, and a check still
+            # reading a cut mapping would kill the process (SIGBUS), not raise.
+            futures.wait([found for _, _, found in checks])
             for name, expected, found in checks:
                 if found.result() != expected:
                     raise AutomatonFileError(f"{self.source} is corrupt: array {name!r} fails its checksum", field=name)
