@@ -41,6 +41,7 @@ from triemask import (
     Vocabulary,
     fill_next_token_bitmasks,
 )
+from triemask.schemas import dispatch
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -833,3 +834,199 @@ def test_unenforced_keywords_compile_as_xgrammar_compiles_them(byte_compiler: Co
         assert (Matcher(compiled).accept_tokens(list(data)) == len(data)) is valid
     # a saved schema reports them too (without warning again)
     assert pickle.loads(pickle.dumps(compiled)).unenforced == UNENFORCED_PATHS
+
+
+# Discriminated unions (the discriminator a trie field, each branch compiled when chosen).
+def _animal(kind: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {"kind": {"type": "string", "const": kind}, **extra},
+        "required": ["kind", *extra],
+    }
+
+
+UNIONS: dict[str, Any] = {
+    "one call (a union at the root)": tools_as_any_of(TOOLS),
+    "vLLM tool_choice=required (a union under items)": {
+        "type": "array",
+        "minItems": 1,
+        "items": {"type": "object", **tools_as_any_of(TOOLS)},
+    },
+    "vLLM, parallel_tool_calls=False": {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 1,
+        "items": {"type": "object", **tools_as_any_of(TOOLS)},
+    },
+    "pydantic discriminated union after an enum field": {
+        "type": "object",
+        "properties": {
+            "tag": {"enum": NAMES[:6]},
+            "pet": {
+                "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}, {"$ref": "#/$defs/Cow"}],
+                "discriminator": {"propertyName": "kind"},
+            },
+        },
+        "required": ["tag", "pet"],
+        "$defs": {
+            "Cat": _animal("cat", {"lives": {"type": "integer"}}),
+            "Dog": _animal("dog", {"good": {"type": "boolean"}, "tags": {"type": "array", "items": {"enum": NAMES}}}),
+            "Cow": _animal("cow", {}),
+        },
+    },
+    "OpenAI-style events, each element a union": {
+        "type": "object",
+        "properties": {
+            "events": {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        {
+                            "type": "object",
+                            "properties": {"type": {"enum": [name]}, "at": {"type": "integer"}},
+                            "required": ["type", "at"],
+                        }
+                        for name in ["click", "clack", "scroll", "key"]
+                    ]
+                },
+            }
+        },
+        "required": ["events"],
+    },
+}
+
+
+@pytest.mark.parametrize("any_whitespace", [False, True])
+@pytest.mark.parametrize("name", sorted(UNIONS))
+def test_discriminated_unions_equal_the_whole_schema(
+    byte_vocab: Vocabulary, byte_compiler: Compiler, name: str, any_whitespace: bool
+) -> None:
+    schema = UNIONS[name]
+    compiled = byte_compiler.compile_json_schema(
+        schema, any_whitespace=any_whitespace, min_enum_values=2, min_union_branches=2
+    )
+    unions = compiled.stats()["unions"]
+    assert len(unions) == 1 and unions[0]["branches"] >= 3, unions
+    reference = reference_compiler(byte_vocab).compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+    tally: Counter[str] = Counter()
+    compared = compare_walks(
+        compiled, reference, byte_vocab, walks=16, steps=90, seed=zlib.crc32(name.encode()), tally=tally
+    )
+    assert compared > 200 and tally["completed, strict JSON, valid"] >= 3, tally
+    assert compiled.stats()["unions"][0]["choices_compiled"] >= 1
+
+
+def test_unions_a_trie_cannot_decide_stay_xgrammars() -> None:
+    def branch(first: str, value: Any, required: bool = True) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "properties": {first: {"const": value}, "x": {"type": "integer"}},
+            "required": [first, "x"] if required else ["x"],
+        }
+
+    undecided = {
+        "the discriminator is not the first property": {"anyOf": [branch("x", "a"), branch("kind", "b")]},
+        "the first property is optional": {"anyOf": [branch("kind", "a", False), branch("kind", "b", False)]},
+        "two branches share a value": {"anyOf": [branch("kind", "a"), branch("kind", "a")]},
+        "a value is no string": {"anyOf": [branch("kind", 1), branch("kind", 2)]},
+        "a branch is no object": {"anyOf": [branch("kind", "a"), {"type": "string"}]},
+        "below additionalProperties (repeated, no items)": {
+            "type": "object",
+            "additionalProperties": {"anyOf": [branch("kind", "a"), branch("kind", "b")]},
+        },
+        "referenced from elsewhere": {
+            "type": "object",
+            "properties": {
+                "u": {"anyOf": [branch("kind", "a"), branch("kind", "b")]},
+                "v": {"$ref": "#/properties/u"},
+            },
+        },
+        "recursive (a $ref to the root)": {
+            "type": "object",
+            "properties": {"u": {"anyOf": [branch("kind", "a"), branch("kind", "b")]}, "next": {"$ref": "#"}},
+        },
+        "under an array's items inside an array's items": {
+            "type": "array",
+            "items": {"type": "array", "items": {"anyOf": [branch("kind", "a"), branch("kind", "b")]}},
+        },
+    }
+    for name, schema in undecided.items():
+        _, sites, _ = dispatch(schema, 2)
+        assert not any(site.union for site in sites), name
+    _, sites, _ = dispatch({"anyOf": [branch("kind", "a"), branch("kind", "b")]}, 3)
+    assert not sites, "below min_enum_values: xgrammar's"
+
+
+def test_union_schemas_round_trip_through_files(byte_vocab: Vocabulary, byte_compiler: Compiler, tmp_path: Any) -> None:
+    schema = UNIONS["vLLM tool_choice=required (a union under items)"]
+    compiled = byte_compiler.compile_json_schema(schema, any_whitespace=False, min_enum_values=2, min_union_branches=2)
+    path = tmp_path / "union.tm"
+    compiled.save(path)
+    loaded = CompiledSchema.load(path, vocab=byte_vocab)
+    assert loaded.stats()["unions"][0]["key"] == "name"
+    text = b'[{"name": "get", "arguments": {"x": 3}}, {"name": "x", "arguments": {}}]'
+    ours, theirs = Matcher(compiled), Matcher(loaded)
+    for byte in text:
+        assert (ours.allowed_token_ids() == theirs.allowed_token_ids()).all(), ours.text
+        assert ours.accept_token(byte) and theirs.accept_token(byte), ours.text
+    assert theirs.value == json.loads(text)
+
+
+def _vllm_required(specs: list[dict[str, Any]]) -> dict[str, Any]:
+    """vLLM 0.32's schema for tool_choice="required" (vllm/tool_parsers/utils.py)."""
+    return {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "anyOf": [
+                {
+                    "properties": {
+                        "name": {"type": "string", "enum": [spec["function"]["name"]]},
+                        "parameters": spec["function"]["parameters"],
+                    },
+                    "required": ["name", "parameters"],
+                }
+                for spec in specs
+            ],
+        },
+    }
+
+
+def test_qwen_vllm_required_tool_calls_over_real_functions() -> None:
+    """vLLM's tool_choice="required" schema over real function schemas, its union a trie, on
+    Qwen 151K: every mask judged by xgrammar's language for the whole union."""
+    from triemask.datasets import load_tool_registry, tool_specs
+
+    name = "qwen2"
+    compiler, vocab = real_compiler(name), real_vocabulary(name).vocab
+    schema = _vllm_required(tool_specs(load_tool_registry())[:24])
+    compiled = compiler.compile_json_schema(schema, any_whitespace=False, min_enum_values=2, min_union_branches=2)
+    assert compiled.stats()["unions"][0]["branches"] == 24
+    reference = reference_compiler(vocab).compile_json_schema(json.dumps(schema), any_whitespace=False)
+    compare_walks(compiled, reference, vocab, walks=3, steps=60, seed=3)
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("name", ["o200k_base", "mistral-spm-32k"])
+def test_real_vocabularies_unions(name: str) -> None:
+    compiler, vocab = real_compiler(name), real_vocabulary(name).vocab
+    for shape in UNIONS.values():
+        compiled = compiler.compile_json_schema(shape, any_whitespace=False, min_enum_values=2, min_union_branches=2)
+        reference = reference_compiler(vocab).compile_json_schema(json.dumps(shape), any_whitespace=False)
+        compare_walks(compiled, reference, vocab, walks=3, steps=60, seed=4, schema=shape)
+
+
+def test_unused_definitions_hold_no_field(byte_compiler: Compiler) -> None:
+    """A definition nothing refers to is out of xgrammar's grammar: its enums are no fields."""
+    schema = {
+        "type": "object",
+        "properties": {"a": {"enum": NAMES[:4]}},
+        "required": ["a"],
+        "$defs": {"Unused": {"enum": NAMES}, "Used": {"enum": NAMES[:3]}, "Via": {"$ref": "#/$defs/Used"}},
+    }
+    compiled = byte_compiler.compile_json_schema(schema, min_enum_values=2, min_union_branches=2)
+    assert [f["paths"] for f in compiled.stats()["trie_fields"]] == [["$.properties.a.enum"]]
+    schema["properties"]["b"] = {"$ref": "#/$defs/Via"}
+    compiled = byte_compiler.compile_json_schema(schema, min_enum_values=2, min_union_branches=2)
+    assert [f["paths"] for f in compiled.stats()["trie_fields"]] == [["$.properties.a.enum"], ["$.$defs.Used.enum"]]

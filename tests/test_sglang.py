@@ -20,6 +20,7 @@ import sys
 import types
 from array import array
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -304,3 +305,74 @@ def test_json_schemas_with_large_enums_dispatch_to_triemask(sglang) -> None:  # 
     bad = json.dumps({"type": "object", "properties": {"name": {"enum": [*names, "\ud800"]}}})
     assert backend.dispatch_json(bad) is _INVALID_GRAMMAR  # a value JSON text cannot hold: invalid, not raised
     assert backend.dispatch_json('{"a":' * 5_000 + "1" + "}" * 5_000) is _INVALID_GRAMMAR  # too deep for any parser
+
+
+def _sglang_tool_schema(tools: list[dict[str, Any]], parallel_tool_calls: bool = True) -> dict[str, Any]:
+    """SGLang's schema for ``tool_choice="required"``, reproduced exactly (SGLang is not
+    installable here): ``get_json_schema_constraint`` and ``_get_tool_schema`` in
+    python/sglang/srt/function_call/utils.py, sgl-project/sglang at 00ca197b (its $defs merged
+    from the tools' parameters)."""
+    schema: dict[str, Any] = {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "type": "object",
+            "anyOf": [
+                {
+                    "properties": {
+                        "name": {"type": "string", "enum": [tool["function"]["name"]]},
+                        "parameters": tool["function"].get("parameters") or {"type": "object", "properties": {}},
+                    },
+                    "required": ["name", "parameters"],
+                }
+                for tool in tools
+            ],
+        },
+    }
+    if not parallel_tool_calls:
+        schema["maxItems"] = 1
+    defs: dict[str, Any] = {}
+    for tool in tools:
+        defs.update((tool["function"].get("parameters") or {}).get("$defs", {}))
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+def test_tool_requests_with_many_tools_dispatch_to_triemask(sglang) -> None:  # type: ignore[no-untyped-def]
+    pytest.importorskip("xgrammar")
+    from triemask import SchemaMatcher
+    from triemask.schemas import DEFAULT_MIN_UNION_BRANCHES
+
+    tokenizer = byte_level_tokenizer()
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    fallback = _XGrammarBackend(tokenizer, 300)
+    backend = sglang.adapter.TriemaskGrammarBackend(tokenizer, 300, {eos}, fallback=fallback)
+    shared = {"$defs": {"Unit": {"enum": ["c", "f"]}}}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": f"tool_{i}",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"n": {"type": "integer"}, "unit": {"$ref": "#/$defs/Unit"}},
+                    "required": ["n", "unit"],
+                    **shared,
+                }
+                if i % 2
+                else None,
+            },
+        }
+        for i in range(DEFAULT_MIN_UNION_BRANCHES)
+    ]
+    for parallel in (True, False):
+        grammar = backend.dispatch_json(json.dumps(_sglang_tool_schema(tools, parallel)))
+        assert isinstance(grammar, sglang.adapter.TriemaskGrammar) and isinstance(grammar.matcher, SchemaMatcher)
+        assert grammar.matcher.schema.stats()["unions"][0]["branches"] == len(tools)
+        text = '[{"name": "tool_3", "parameters": {"n": 7, "unit": "f"}}]'
+        for token in tokenizer.encode(text, add_special_tokens=False):  # type: ignore[attr-defined]
+            grammar.accept_token(token)  # (raises where the token is not allowed)
+        assert grammar.matcher.value == [{"name": "tool_3", "parameters": {"n": 7, "unit": "f"}}]
+    few = json.dumps(_sglang_tool_schema(tools[:8]))
+    assert backend.dispatch_json(few)[1] == "dispatch_json"  # below the threshold: xgrammar's, untouched

@@ -53,6 +53,7 @@ class Compiler(SetCompiler):
         strict_mode: bool = True,
         min_enum_values: int | None = None,
         unsupported: str | None = None,
+        min_union_branches: int | None = None,
     ) -> CompiledSchema:
         """Compile a JSON schema: enum fields to tries, the structure to xgrammar.
 
@@ -70,6 +71,12 @@ class Compiler(SetCompiler):
             Enums (and ``anyOf`` / ``oneOf`` of consts) with at least this many
             distinct values go to a trie; smaller ones stay in xgrammar. Default
             :data:`triemask.DEFAULT_MIN_ENUM_VALUES`.
+        min_union_branches : int, optional
+            Discriminated unions (an ``anyOf`` / ``oneOf`` of objects whose first property,
+            required, is a distinct string in each: tool calls, ``{"type": ...}`` events,
+            pydantic discriminated unions) with at least this many branches go to a trie of
+            the discriminator, each branch compiled when first chosen (docs/schemas.md);
+            smaller ones stay in xgrammar. Default 128.
         unsupported : {"warn", "error", "ignore"}, optional
             What a keyword xgrammar accepts but does not enforce (``not``,
             ``if``/``then``/``else``, ``uniqueItems``, ``contains``, ...) gets: the schema is
@@ -99,6 +106,7 @@ class Compiler(SetCompiler):
         strict_mode: bool = True,
         min_enum_values: int | None = None,
         unsupported: str | None = None,
+        min_union_branches: int | None = None,
         cache_bytes: int | None = None,
     ) -> CompiledTools:
         """Compile a tool list: the output is ``{"name": <a tool>, "arguments": <its parameters>}``.
@@ -113,7 +121,7 @@ class Compiler(SetCompiler):
         tools : list of dict
             OpenAI-style function specs: ``{"name", "description", "parameters"}`` or
             ``{"type": "function", "function": {...}}``.
-        any_whitespace, indent, separators, strict_mode, min_enum_values, unsupported
+        any_whitespace, indent, separators, strict_mode, min_enum_values, unsupported, min_union_branches
             As in :meth:`compile_json_schema`, for every tool's arguments (each is
             compiled, and reports what xgrammar does not enforce, when first chosen).
         cache_bytes : int, optional

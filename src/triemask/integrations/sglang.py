@@ -43,6 +43,7 @@ from ..compiler import Compiler
 from ..matcher import Matcher
 from ..schemas import (
     DEFAULT_MIN_ENUM_VALUES,
+    DEFAULT_MIN_UNION_BRANCHES,
     TOO_DEEP,
     CompiledSchema,
     SchemaMatcher,
@@ -270,9 +271,11 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
 
     def dispatch_json(self, key_string: str) -> Any:
         """Constraint-aware dispatch: a schema with an enum of at least
-        ``DEFAULT_MIN_ENUM_VALUES`` values compiles with triemask (enums in tries, the
-        structure in xgrammar, the options of SGLang's xgrammar backend); any other
-        schema goes to xgrammar's backend unchanged."""
+        ``DEFAULT_MIN_ENUM_VALUES`` values, or a discriminated union of at least
+        ``DEFAULT_MIN_UNION_BRANCHES`` branches (the schema SGLang builds for a tool request
+        with ``tool_choice="required"``), compiles with triemask (enums and discriminators in
+        tries, the structure in xgrammar, the options of SGLang's xgrammar backend); any
+        other schema goes to xgrammar's backend unchanged."""
         try:
             schema = load_schema(key_string)
         except Exception as error:  # not a schema triemask reads ("$$ANY$$", bad JSON): xgrammar decides
@@ -281,12 +284,18 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
                 return _INVALID_GRAMMAR
             return self._other().dispatch_json(key_string)
         try:
-            _, sites, _ = dispatch(schema, DEFAULT_MIN_ENUM_VALUES)
+            structural, sites, _ = dispatch(
+                schema, DEFAULT_MIN_ENUM_VALUES, min_union_branches=DEFAULT_MIN_UNION_BRANCHES
+            )
             if not sites:
                 return self._other().dispatch_json(key_string)
             if len(key_string.encode("utf-8", "surrogatepass")) > self.limits.max_set_bytes:
                 raise ValueError(f"the schema exceeds the server's limit of {self.limits.max_set_bytes} bytes")
-            cost = structure_cost(schema).milliseconds
+            # what xgrammar compiles: the structure, and per union choice one branch more
+            choices = [branch for site in sites if site.union for branch in site.union.branches(schema)]
+            cost = structure_cost(structural).milliseconds + max(
+                (structure_cost(branch).milliseconds for branch in choices), default=0.0
+            )
             if cost > self.limits.max_schema_cost_ms:
                 raise ValueError(f"the schema would take the structural engine about {cost:,.0f} ms to compile")
             any_whitespace = bool(getattr(self._fallback, "any_whitespace", True))

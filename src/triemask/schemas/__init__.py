@@ -6,12 +6,13 @@ from .fields import SchemaOptions, stored_field_automaton
 from .matcher import SchemaMatcher, allowed_token_bitmask, allowed_token_rows, fill_next_token_bitmasks
 from .reading import TOO_DEEP, dispatch, load_schema, structure_cost
 from .requests import RequestConstraint, constraint_of_request
-from .structure import DEFAULT_MIN_ENUM_VALUES
+from .structure import DEFAULT_MIN_ENUM_VALUES, DEFAULT_MIN_UNION_BRANCHES
 from .support import clear_structure_cache, prepare_schemas
 from .tools import DEFAULT_TOOL_CACHE_BYTES, CompiledTools, read_tools
 
 __all__ = [
     "DEFAULT_MIN_ENUM_VALUES",
+    "DEFAULT_MIN_UNION_BRANCHES",
     "DEFAULT_TOOL_CACHE_BYTES",
     "TOO_DEEP",
     "CompiledSchema",

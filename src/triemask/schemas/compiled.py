@@ -42,8 +42,10 @@ state kept per output removes the tokens that would break it (:class:`Lexical`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import threading
 import time
 import warnings
 from collections.abc import Sequence
@@ -57,6 +59,7 @@ from ..automata import native_kernel
 from ..base import (
     ArgumentTypeError,
     AutomatonFileError,
+    BoundedLRU,
     SchemaError,
     StateError,
     TriemaskError,
@@ -83,9 +86,13 @@ from .fields import (
     step_flags,
     text_array,
 )
-from .reading import dispatch, load_schema, load_schema_text
-from .structure import controls_in_strings, field_sentinel, structure_grammar
+from .reading import UnionChoice, dispatch, json_texts, load_schema, load_schema_text, union_values
+from .structure import Configuration, controls_in_strings, field_sentinel, structure_grammar
 from .support import Skeleton, require_xgrammar, vocabulary_support
+
+DEFAULT_CHOICE_CACHE_BYTES = 256 << 20
+"""Bytes of compiled choices a schema's discriminated unions keep (each the schema with one
+branch chosen, compiled when first chosen); the least recently used go first."""
 
 
 class CompiledSchema(SchemaEngine):
@@ -109,7 +116,9 @@ class CompiledSchema(SchemaEngine):
         started = time.perf_counter()
         self._options = options
         self._schema, given_text = load_schema_text(schema)
-        structural, sites, self._unenforced = dispatch(self._schema, options.min_enum_values)
+        structural, sites, self._unenforced = dispatch(
+            self._schema, options.min_enum_values, min_union_branches=options.min_union_branches
+        )
         self._admit_unenforced(options.unsupported)
         self._vocab = compiler.vocab
         support = vocabulary_support(self._vocab)
@@ -117,8 +126,10 @@ class CompiledSchema(SchemaEngine):
         # one trie per distinct value set, one sentinel per trie
         by_values: dict[Any, int] = {}
         numbers = []
-        for site in sites:  # 1 and True are distinct values; a pattern is its own key
-            key = (tuple(map(type, site.values)), site.values) if site.pattern is None else ("pattern", site.pattern)
+        for site in sites:  # 1 and True are distinct values; a pattern, a union is its own key
+            key: Any = (tuple(map(type, site.values)), site.values)
+            if site.pattern is not None or site.union is not None:
+                key = ("pattern", site.pattern) if site.union is None else ("union", site.placeholder)
             numbers.append(by_values.setdefault(key, len(by_values)))
         width = max(1, (len(sites).bit_length() + 3) // 4)
         # Schemas that differ only in their enum values (labels per tenant, a changed tool
@@ -162,6 +173,7 @@ class CompiledSchema(SchemaEngine):
                 skeleton, Skeleton(ebnf, tuple(placeholders), grammar, controls_in_strings(ebnf))
             )
         self._ebnf = ebnf  # "" without trie fields: the compiled grammar's own text, when saved
+        self._unions_ready(compiler, {k: site.union for site, k in zip(sites, numbers, strict=True) if site.union})
         self._finish(fields, cached.grammar, cached.controls)
         self._compile_seconds = time.perf_counter() - started
 
@@ -190,6 +202,89 @@ class CompiledSchema(SchemaEngine):
                 stacklevel=4,
             )
 
+    def _unions_ready(self, compiler: SetCompiler | None, unions: dict[int, UnionChoice]) -> None:
+        """The discriminated unions' state: field ``k`` -> its union, each field value's branch,
+        and the schemas of the choices made so far (compiled on first use by ``compiler``,
+        shared by every request, bounded in bytes)."""
+        self._union_compiler = compiler
+        self._unions = unions
+        self._union_branches = {
+            k: {text: i for i, text in enumerate(json_texts(tuple(self._union_values(u)), "$"))}
+            for k, u in unions.items()
+        }
+        self._choices: BoundedLRU[tuple[int, int], CompiledSchema] = BoundedLRU(DEFAULT_CHOICE_CACHE_BYTES)
+        self._choices_lock = threading.Lock()
+
+    def _union_values(self, union: UnionChoice) -> list[str]:
+        """The discriminator's value of each of ``union``'s branches in this schema."""
+        found = union_values({union.keyword: union.branches(self._schema)}, self._schema)
+        if found is None:
+            raise AutomatonFileError("a union's branches no longer tell themselves apart", field="described")
+        return list(found[2])
+
+    def _choice(self, k: int, branch: int) -> CompiledSchema:
+        """The schema where union field ``k`` chose ``branch``, compiled now unless cached."""
+        with self._choices_lock:  # one compile at a time: a choice is compiled once
+            found = self._choices.get((k, branch))
+            if found is None:
+                chosen = self._unions[k].chosen(self._schema, branch)
+                assert self._union_compiler is not None  # (set wherever there is a union)
+                # (what it does not enforce was reported for the whole schema)
+                found = CompiledSchema(self._union_compiler, chosen, replace(self._options, unsupported="ignore"))
+                self._choices.put((k, branch), found, found.memory_bytes)
+            return found
+
+    def _switches(self, k: int) -> bool:
+        return k in self._unions
+
+    def _union_stats(self) -> list[dict[str, Any]]:
+        with self._choices_lock:
+            chosen = [k for k, _ in self._choices]
+            cached, cache = self._choices.used, self._choices.limit
+        return [
+            {
+                "path": self._fields[k].paths[0],
+                "key": union.key,
+                "branches": self._fields[k].automaton.num_values,
+                "repeated": union.repeated,
+                "choices_compiled": chosen.count(k),
+                "choice_cache_bytes": cached,
+                "choice_cache_limit": cache,
+            }
+            for k, union in self._unions.items()
+        ]
+
+    def _exit(self, matcher: Any, k: int, node: int, value_start: bytes) -> list[Configuration]:
+        if k not in self._unions:
+            return super()._exit(matcher, k, node, value_start)
+        text = self._fields[k].automaton.value_of(node)
+        assert isinstance(text, bytes)
+        # the chosen branch's schema takes over, from its start, after the text so far (its
+        # language up to here is the union's: every branch's text is the same before the value)
+        chosen = self._choice(k, self._union_branches[k][text])
+        return chosen._configurations_after(bytes(value_start) + text)
+
+    def _configurations_after(self, text: bytes) -> list[Configuration]:
+        """The configurations after ``text`` from the start, every reading: ``text`` fed token
+        by token (single-byte tokens where the vocabulary has them, else the longest token
+        there), each token as a step feeds it, so fields entered and left inside ``text`` (an
+        enum in an earlier element of the array) are followed as the decoding follows them."""
+        token_ids = self._support.token_ids
+        configurations, before, at = self._initial(), b"", 0
+        while at < len(text) and configurations:
+            size = (
+                1
+                if text[at : at + 1] in token_ids
+                else next((n for n in range(min(64, len(text) - at), 0, -1) if text[at : at + n] in token_ids), 0)
+            )
+            if size == 0:
+                raise SchemaError(f"no token of the vocabulary spells byte {text[at]:#04x}", path="$")
+            data = text[at : at + size]
+            token = token_ids[data]
+            configurations = [after for c in configurations for after in c.schema._token(c, token, data, before)]
+            before, at = before + data, at + size
+        return configurations
+
     def _finish(self, fields: Sequence[Field], grammar: Any, controls: bool) -> None:
         """What the fields and the structure's grammar imply (compiled or loaded alike);
         ``controls``: the grammar may admit a raw control character in a string."""
@@ -199,8 +294,8 @@ class CompiledSchema(SchemaEngine):
         # the C steps inside values need every field's kernel (else they are the reference's)
         native = tuple((native_kernel(f.automaton), step_flags(f), exit_tables(f)) for f in fields)
         in_c = all(kernel is not None for kernel, _, _ in native)
-        # (a tool's name is left for its arguments' grammar, which _exit compiles)
-        plain_exits = type(self)._exit is SchemaEngine._exit
+        # (a tool's name, a union's discriminator: left for the grammar _exit compiles)
+        plain_exits = not any(self._switches(k) for k in range(len(fields)))
         self._starts_first = bytes(sorted({c for f in fields for c in f.first}))
         self._fields_by_prefix: dict[int, list[int]] = {}
         for k, f in enumerate(fields):
@@ -245,8 +340,10 @@ class CompiledSchema(SchemaEngine):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by the tries, their boundary tables and xgrammar's compiled grammar."""
-        total = int(self._grammar.memory_size_bytes)
+        """Bytes held by the tries, their boundary tables and xgrammar's compiled grammar, and
+        the unions' choices compiled so far."""
+        with self._choices_lock:
+            total = int(self._grammar.memory_size_bytes) + self._choices.used
         for f in self._fields:
             total += f.automaton.memory_bytes + f.accepting.nbytes + f.leaves.nbytes
             total += f.exit_nodes.nbytes + f.exit_pieces.nbytes + f.exit_values.nbytes
@@ -275,6 +372,8 @@ class CompiledSchema(SchemaEngine):
                 "shared": self._structure_shared,
             },
             "options": self._options.to_file(),
+            # discriminated unions whose discriminator is a trie field, the rest compiled per choice
+            "unions": self._union_stats(),
             # keywords xgrammar does not enforce, compiled as it compiles them (paths, schema order)
             "unenforced": list(self._unenforced),
             "memory_bytes": self.memory_bytes,
@@ -341,6 +440,7 @@ class CompiledSchema(SchemaEngine):
                     "automaton_kind": kind,
                     "automaton_meta": automaton_meta,
                     "compile_seconds": f.compile_seconds,
+                    "union": None if k not in self._unions else dataclasses.asdict(self._unions[k]),
                 }
             )
         meta = {
@@ -426,6 +526,11 @@ class CompiledSchema(SchemaEngine):
             self._ebnf = array_text(arrays["ebnf"])
             grammar_json = array_text(arrays["grammar"])
             fields = [restore_field(stored, support, k, entry) for k, entry in enumerate(meta["fields"])]
+            unions = {
+                k: UnionChoice(tuple(u["pointer"]), u["key"], u["keyword"], bool(u["repeated"]))
+                for k, entry in enumerate(meta["fields"])
+                if (u := entry.get("union")) is not None
+            }
             self._compile_seconds = float(meta["compile_seconds"])
             self._structure_shared = False  # rebuilt from the file
         except AutomatonFileError:
@@ -449,9 +554,29 @@ class CompiledSchema(SchemaEngine):
                 raise AutomatonFileError(
                     f"{source} is corrupt: its structure's grammar does not compile ({error})", field="ebnf"
                 ) from None
+        self._unions = unions  # (which fields switch: _finish reads it; checked below)
         self._finish(fields, grammar, controls_in_strings(self._ebnf or str(grammar.grammar)))
         self._restore_described(described, meta, vocab, compiler)
+        if unions and compiler is None:
+            compiler = SetCompiler(vocab)  # (the choices compile with it)
+        self._restore_unions(unions, fields, compiler, source)
         return self
+
+    def _restore_unions(
+        self, unions: dict[int, UnionChoice], fields: list[Field], compiler: SetCompiler | None, source: str
+    ) -> None:
+        """The stored unions, checked against the stored schema: each is there, and its
+        discriminator's values are its field's values."""
+        try:
+            for k, union in unions.items():
+                texts = json_texts(tuple(self._union_values(union)), "$")
+                if set(texts) != set(fields[k].automaton.values()) or len(texts) != len(set(texts)):
+                    raise ValueError(f"field {k}'s values are not its union's")
+        except (AutomatonFileError, KeyError, IndexError, TypeError, ValueError) as error:
+            raise AutomatonFileError(
+                f"{source} is corrupt: a union does not match its field ({error})", field="fields"
+            ) from None
+        self._unions_ready(compiler, unions)
 
     def _restore_described(
         self, described: Any, meta: dict[str, Any], vocab: Vocabulary, compiler: SetCompiler | None

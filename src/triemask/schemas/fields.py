@@ -19,7 +19,7 @@ from ..base import ArgumentTypeError, AutomatonFileError, IncompatibleValueError
 from ..sets import SetCompiler, unanchored
 from ..vocab import Vocabulary
 from .reading import json_texts
-from .structure import DEFAULT_MIN_ENUM_VALUES, SENTINEL_LEAD
+from .structure import DEFAULT_MIN_ENUM_VALUES, DEFAULT_MIN_UNION_BRANCHES, SENTINEL_LEAD
 from .support import Pieces, VocabularySupport
 
 
@@ -441,7 +441,8 @@ class SchemaOptions:
     them, kept to strict JSON), which enums go to tries (``min_enum_values``), and what a
     keyword xgrammar does not enforce gets (``unsupported``: one of :data:`UNSUPPORTED`; it
     admits or refuses a schema, never changes a language, so files and fingerprints leave it
-    out). Checked when made: ``separators`` JSON's own, ``min_enum_values`` a positive integer."""
+    out), which discriminated unions go to a trie of their discriminator (``min_union_branches``).
+    Checked when made: ``separators`` JSON's own, the two minimums positive integers."""
 
     any_whitespace: bool = True
     indent: int | None = None
@@ -449,11 +450,16 @@ class SchemaOptions:
     strict_mode: bool = True
     min_enum_values: int = DEFAULT_MIN_ENUM_VALUES
     unsupported: str = "warn"
+    min_union_branches: int = DEFAULT_MIN_UNION_BRANCHES
 
     def __post_init__(self) -> None:
         minimum = integer(self.min_enum_values, "min_enum_values", SchemaError, "a positive integer")
         if minimum < 1:
             raise SchemaError(f"min_enum_values must be at least 1, got {minimum}", path="$")
+        branches = integer(self.min_union_branches, "min_union_branches", SchemaError, "a positive integer")
+        if branches < 1:
+            raise SchemaError(f"min_union_branches must be at least 1, got {branches}", path="$")
+        object.__setattr__(self, "min_union_branches", branches)
         if not isinstance(self.unsupported, str) or self.unsupported not in UNSUPPORTED:
             choices = ", ".join(map(repr, UNSUPPORTED))
             raise SchemaError(f"unsupported must be one of {choices}, got {self.unsupported!r:.60}", path="$")
@@ -471,7 +477,11 @@ class SchemaOptions:
 
     def to_file(self) -> dict[str, Any]:
         """The options as a file (and a fingerprint) holds them."""
-        return {**self.structure(), "min_enum_values": self.min_enum_values}
+        return {
+            **self.structure(),
+            "min_enum_values": self.min_enum_values,
+            "min_union_branches": self.min_union_branches,
+        }
 
     @classmethod
     def given(cls, options: dict[str, Any]) -> SchemaOptions:
@@ -487,4 +497,6 @@ class SchemaOptions:
             separators=None if separators is None else tuple(separators),
             strict_mode=options["strict_mode"],
             min_enum_values=options["min_enum_values"],
+            # (files written before unions were sites hold none)
+            min_union_branches=options.get("min_union_branches", DEFAULT_MIN_UNION_BRANCHES),
         )

@@ -98,6 +98,10 @@ _STRING_KEYS = frozenset({"type", "format", "pattern"})
 _ESCAPED_BYTES = np.array([*range(0x20), ord('"'), ord("\\"), 0x7F], dtype=np.uint8)
 
 
+Pointer = tuple[str | int, ...]
+"""A place in a schema: the keys and list indices from its root."""
+
+
 @dataclass(frozen=True)
 class EnumSite:
     """One enum field of a schema: where it is and what it allows."""
@@ -106,6 +110,54 @@ class EnumSite:
     values: tuple[Any, ...]  # the JSON values, as given, duplicates removed (empty for a pattern)
     placeholder: str  # the const string that stands for it in the structural schema
     pattern: str | None = None  # a finite string field: the regex of its content (no quotes)
+    union: UnionChoice | None = None  # a discriminated union: the values are its discriminator's
+    at: Pointer = ()  # where it is
+
+
+@dataclass(frozen=True)
+class UnionChoice:
+    """A discriminated union (see :func:`union_values`) that is a site: its branches are told
+    apart by the value of property ``key``, the first each branch emits, and the site's values
+    are those, in branch order.
+
+    ``pointer`` locates it in the schema (keys and list indices from the root): the union
+    itself, which occurs at most once in any instance (``repeated`` False), or the array whose
+    ``items`` it is (``repeated`` True: each element after the array's ``prefixItems`` chooses
+    anew). A choice compiles the schema with the union replaced by the chosen branch, or with
+    the branch appended to the array's ``prefixItems``: the language of the union for that
+    discriminator value, exactly."""
+
+    pointer: Pointer
+    key: str
+    keyword: str  # "anyOf" or "oneOf"
+    repeated: bool
+
+    def branches(self, schema: dict[str, Any]) -> list[Any]:
+        """The union's branches in ``schema`` (the one it was found in)."""
+        node = _at(schema, self.pointer)
+        if self.repeated:
+            node = node["items"]
+        branches: list[Any] = node[self.keyword]
+        return branches
+
+    def chosen(self, schema: dict[str, Any], branch: int) -> dict[str, Any]:
+        """A copy of ``schema`` where the union has chosen ``branch``."""
+        copied: dict[str, Any] = json.loads(json.dumps(schema))
+        choice = json.loads(json.dumps(self.branches(schema)[branch]))
+        if self.repeated:
+            array = _at(copied, self.pointer)
+            array["prefixItems"] = [*array.get("prefixItems", []), choice]
+        elif self.pointer:
+            _at(copied, self.pointer[:-1])[self.pointer[-1]] = choice
+        else:  # (the whole schema: its definitions stay)
+            copied = {**choice, **{k: copied[k] for k in ("$defs", "definitions") if k in copied}}
+        return copied
+
+
+def _at(node: Any, pointer: Pointer) -> Any:
+    for step in pointer:
+        node = node[step]
+    return node
 
 
 def load_schema_text(schema: Any) -> tuple[dict[str, Any], str]:
@@ -240,6 +292,84 @@ def _enum_values(node: dict[str, Any], path: str) -> tuple[list[Any], str] | Non
             _check_values(values, where)
             return values, where
     return None
+
+
+_UNION_KEYS = _ANNOTATIONS | {"type", "discriminator"}
+_BRANCH_KEYS = _ANNOTATIONS | {"type", "properties", "required", "additionalProperties"}
+
+
+def union_values(node: dict[str, Any], schema: dict[str, Any]) -> tuple[str, str, tuple[str, ...]] | None:
+    """``(key, keyword, values)`` where ``node`` is a discriminated union that a trie can decide,
+    else None: an ``anyOf`` or ``oneOf`` (the node's other keywords annotations, ``"type":
+    "object"`` or OpenAPI's ``discriminator``) of two or more objects, inline or a ``$ref``
+    alone, whose first property is the same ``key``, required, and fixed to one string (a
+    ``const`` or a one-value ``enum``), distinct across branches: the shape vLLM and SGLang
+    build for ``tool_choice="required"``, OpenAI-style ``{"type": ...}`` unions and pydantic's
+    discriminated unions. The first property is the first xgrammar emits, so every branch's
+    text is the same up to the discriminator's value (additional properties come after the
+    declared ones); a union that fixes another property first, or whose first property is
+    optional, is xgrammar's alone."""
+    keyword = "anyOf" if "anyOf" in node else "oneOf"
+    branches = node.get(keyword)
+    if (
+        not isinstance(branches, list)
+        or len(branches) < 2
+        or not set(node) - {keyword} <= _UNION_KEYS
+        or node.get("type", "object") != "object"
+    ):
+        return None
+    key: str | None = None
+    values: list[str] = []
+    for branch in branches:
+        if isinstance(branch, dict) and set(branch) == {"$ref"} and isinstance(branch["$ref"], str):
+            branch = _resolve(schema, branch["$ref"])
+        if (
+            not isinstance(branch, dict)
+            or not set(branch) <= _BRANCH_KEYS
+            or branch.get("type", "object") != "object"
+            or not isinstance(branch.get("properties"), dict)
+            or not branch["properties"]
+            or not isinstance(branch.get("required"), list)
+        ):
+            return None
+        first = next(iter(branch["properties"]))
+        value = _single_string(branch["properties"][first])
+        if value is None or first not in branch["required"] or key not in (None, first):
+            return None
+        key = first
+        values.append(value)
+    if key is None or len(set(values)) != len(values):
+        return None
+    try:
+        "".join(values).encode("utf-8")
+    except UnicodeEncodeError:
+        return None  # (xgrammar's to refuse, as it refuses the schema)
+    return key, keyword, tuple(values)
+
+
+def _single_string(node: Any) -> str | None:
+    """The one string a subschema allows (``{"const": s}`` or ``{"enum": [s]}``, with
+    annotations and ``"type": "string"``), else None."""
+    if not isinstance(node, dict) or node.get("type", "string") != "string":
+        return None
+    if "const" in node and set(node) <= _ANNOTATIONS | {"const", "type"}:
+        value = node["const"]
+    elif "enum" in node and set(node) <= _ANNOTATIONS | {"enum", "type"} and isinstance(node["enum"], list):
+        value = node["enum"][0] if len(node["enum"]) == 1 else None
+    else:
+        return None
+    return value if type(value) is str else None
+
+
+def _ref_targets(schema: dict[str, Any]) -> list[tuple[str, ...]]:
+    """Where the schema's local ``$ref`` s point (JSON pointer tokens; ``()`` the root)."""
+    targets = []
+    for node in _dicts_within(schema):
+        ref = node.get("$ref")
+        if type(ref) is str and ref.startswith("#"):
+            tokens = ref[1:].split("/")[1:]
+            targets.append(tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens))
+    return targets
 
 
 @dataclass
@@ -387,8 +517,10 @@ def _nothing_to_dispatch(schema: dict[str, Any], min_enum_values: int) -> bool:
         if values is None or type(values) is dict:  # (no enum, or a property named "enum")
             for keyword in ("anyOf", "oneOf"):
                 branches = node.get(keyword)
-                if type(branches) is list and any(type(b) is dict and "const" in b for b in branches):
-                    return False  # perhaps a union of consts, as an enum
+                if type(branches) is list and (
+                    len(branches) >= min_enum_values or any(type(b) is dict and "const" in b for b in branches)
+                ):
+                    return False  # perhaps a union of consts (an enum), or a discriminated union
             continue
         if type(values) is not list or not 0 < len(values) < min_enum_values:
             return False
@@ -400,18 +532,21 @@ def _nothing_to_dispatch(schema: dict[str, Any], min_enum_values: int) -> bool:
 
 
 def dispatch(
-    schema: dict[str, Any], min_enum_values: int, *, patterns: bool = True
+    schema: dict[str, Any], min_enum_values: int, *, min_union_branches: int | None = None, patterns: bool = True
 ) -> tuple[dict[str, Any], list[EnumSite], tuple[str, ...]]:
     """A copy of ``schema`` (as :func:`load_schema` gives it: plain dicts and lists) with every
     enum site replaced by a const placeholder (``schema`` itself is not modified).
     ``patterns=False`` builds no pattern automaton (a serving front end checks a schema's
-    errors without the costly part of its compile).
+    errors without the costly part of its compile). Discriminated unions with at least
+    ``min_union_branches`` branches (default ``min_enum_values``) are sites too, where they
+    occur at most once in an instance or are the items of such an array (:class:`UnionChoice`).
 
     Returns the rewritten schema and the sites, in the order they were found (``schema``
     itself where nothing is replaced: the caller must not modify either), and the paths of
     the keywords xgrammar does not enforce, in the schema's order (a node's before those below it).
     """
-    if _nothing_to_dispatch(schema, min_enum_values):
+    min_union_branches = min_enum_values if min_union_branches is None else min_union_branches
+    if _nothing_to_dispatch(schema, min(min_enum_values, min_union_branches)):
         return schema, [], ()
     unenforced: list[str] = []
     nonce = secrets.token_hex(8)
@@ -427,48 +562,132 @@ def dispatch(
             unique.setdefault(json.dumps(value, sort_keys=True) + type(value).__name__[:1], value)
         return tuple(unique.values())
 
-    def visit(node: Any, path: str, keys: bool = False) -> Any:
+    references: list[tuple[str, ...]] | None = None  # where the $refs point (found when a union is)
+
+    def shared(pointer: Pointer) -> bool:
+        """Whether a ``$ref`` points at, above or below ``pointer`` (it may then occur twice)."""
+        nonlocal references
+        references = _ref_targets(schema) if references is None else references
+        at = tuple(map(str, pointer))
+        return any(at[: len(t)] == t or t[: len(at)] == at for t in references)
+
+    def union_site(node: dict[str, Any], path: str, at: Pointer, place: Pointer | None, array: Pointer | None) -> Any:
+        """The structural stand-in of a discriminated union that is a site, else None."""
+        found = union_values(node, schema)
+        if found is None or len(found[2]) < min_union_branches:
+            return None
+        key, keyword, values = found
+        pointer = place if place is not None else array
+        assert pointer is not None
+        if shared(pointer if place is not None else (*pointer, "items")):
+            return None
+        placeholder = f"triemask-{nonce}-{len(sites)}"
+        choice = UnionChoice(pointer, key, keyword, repeated=place is None)
+        sites.append(EnumSite(f"{path}.{keyword}", values, placeholder, union=choice, at=at))
+        return {"type": "object", "properties": {key: {"const": placeholder}}, "required": [key]}
+
+    def visit(
+        node: Any,
+        path: str,
+        at: Pointer,
+        keys: bool = False,
+        place: Pointer | None = None,
+        array: Pointer | None = None,
+    ) -> Any:
         """``keys``: the node describes property names (``propertyNames``, and what it
-        references), which stay xgrammar's: a field's sentinel stands for a value, never a key."""
+        references), which stay xgrammar's: a field's sentinel stands for a value, never a key.
+        ``place``: where the node is, if it occurs at most once in an instance (reached from
+        the root through properties, union branches and prefix items only); ``array``: where
+        its array is, if it is the ``items`` of such an array (see :class:`UnionChoice`)."""
         if not isinstance(node, dict):
             return node
         keys = keys or id(node) in key_schemas
         skipped = [k for k in node if k in _UNENFORCED and (node[k] is not _UNENFORCED[k] or _UNENFORCED[k] is None)]
         unenforced.extend(f"{path}.{keyword}" for keyword in skipped)
+        if not keys and (place is not None or array is not None) and not skipped:
+            stand_in = union_site(node, path, at, place, array)
+            if stand_in is not None:
+                return stand_in
         found = None if keys else _enum_values(node, path)
         if found is not None:
             values = distinct(found[0])
             if len(values) >= min_enum_values:
                 placeholder = f"triemask-{nonce}-{len(sites)}"
-                sites.append(EnumSite(found[1], values, placeholder))
+                sites.append(EnumSite(found[1], values, placeholder, at=at))
                 return {"const": placeholder}
         finite = None if keys else _finite_string(node, path, budget)
         if finite is not None:
             placeholder = f"triemask-{nonce}-{len(sites)}"
-            sites.append(EnumSite(finite[1], (), placeholder, finite[0]))
+            sites.append(EnumSite(finite[1], (), placeholder, finite[0], at=at))
             return {"const": placeholder}
         if _CHILDREN.isdisjoint(node):  # a leaf (most subschemas): nothing below to visit
             return node
         node = dict(node)  # shallow: the caller's schema is never modified, enum lists are not copied
+        # (below an unenforced keyword, every site is xgrammar's)
+        once: Pointer | None = place if not skipped else None
+
+        def inside(*steps: str | int) -> Pointer | None:
+            return None if once is None else (*once, *steps)
+
         for key in _MAP:
             children = node.get(key)
             if isinstance(children, dict) and key not in skipped:
                 node[key] = {
-                    name: visit(child, _key_path(_key_path(path, key), name), keys) for name, child in children.items()
+                    name: visit(
+                        child,
+                        _key_path(_key_path(path, key), name),
+                        (*at, key, name),
+                        keys,
+                        inside(key, name) if key == "properties" else None,
+                    )
+                    for name, child in children.items()
                 }
         for key in _LIST:
             children = node.get(key)
             if isinstance(children, list):
-                node[key] = [visit(child, f"{path}.{key}[{i}]", keys) for i, child in enumerate(children)]
+                node[key] = [
+                    visit(child, f"{path}.{key}[{i}]", (*at, key, i), keys, inside(key, i) if key != "allOf" else None)
+                    for i, child in enumerate(children)
+                ]
         for key in _ONE:
             if isinstance(node.get(key), dict) and key not in skipped:
-                node[key] = visit(node[key], f"{path}.{key}", keys)
+                # the items of an array that occurs once: each element chooses anew
+                node[key] = visit(node[key], f"{path}.{key}", (*at, key), keys, None, once if key == "items" else None)
         return node
 
     try:
-        return visit(schema, "$"), sites, tuple(unenforced)
+        structural = visit(schema, "$", (), False, ())
     except RecursionError:
         raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
+    if any(site.at[:1] in (("$defs",), ("definitions",)) for site in sites):
+        # a definition nothing refers to is out of the structure (xgrammar's grammar leaves it
+        # out), and so are the sites inside it: one only a union's branches refer to (each
+        # choice compiles it), one a schema defines and never uses
+        reachable = _reachable_definitions(structural)
+        sites = [s for s in sites if s.at[:1] not in (("$defs",), ("definitions",)) or s.at[:2] in reachable]
+    return structural, sites, tuple(unenforced)
+
+
+def _reachable_definitions(schema: dict[str, Any]) -> set[tuple[str, ...]]:
+    """``("$defs", name)`` (or ``"definitions"``) of every definition a ``$ref`` outside the
+    definitions reaches, directly or through other definitions."""
+    found: set[tuple[str, ...]] = set()
+    definitions: dict[str, dict[str, Any]] = {
+        key: value for key in ("$defs", "definitions") if isinstance(value := schema.get(key), dict)
+    }
+    pending = [{k: v for k, v in schema.items() if k not in definitions}]
+    while pending:
+        for node in _dicts_within(pending.pop()):
+            ref = node.get("$ref")
+            if type(ref) is not str or not ref.startswith("#/"):
+                continue
+            tokens = [t.replace("~1", "/").replace("~0", "~") for t in ref[2:].split("/")]
+            if len(tokens) >= 2 and tokens[0] in definitions and (tokens[0], tokens[1]) not in found:
+                found.add((tokens[0], tokens[1]))
+                target = definitions[tokens[0]].get(tokens[1])
+                if target is not None:
+                    pending.append(target)
+    return found
 
 
 def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
