@@ -208,7 +208,7 @@ def _post(url: str, body: dict) -> tuple[int, dict]:  # type: ignore[type-arg]
 class _Server:
     """The OpenAI-compatible server with the triemask processor, on a free loopback port."""
 
-    def __init__(self, model: Path, env: dict[str, str], log: Path) -> None:
+    def __init__(self, model: Path, env: dict[str, str], log: Path, extra: tuple[str, ...] = ()) -> None:
         self.model, self.port, self.log_path = model, _free_port(), log
         self.log = log.open("w")
         self.process = subprocess.Popen(
@@ -227,6 +227,7 @@ class _Server:
                 "--enforce-eager",
                 "--logits-processors",
                 "triemask.integrations.vllm:TriemaskLogitsProcessor",
+                *extra,
             ],
             env={**os.environ, **env},
             stdout=self.log,
@@ -521,3 +522,131 @@ def test_model_runner_v2_class_against_its_interface(tiny_model: Path) -> None:
     assert set(torch.isfinite(out[1]).nonzero().flatten().tolist()) == first
     with pytest.raises(NotImplementedError, match="speculative decoding"):
         TriemaskLogitsProcessorV2(SimpleNamespace(model_config=model_config, speculative_config=object()), req_states)
+
+
+def test_standard_structured_outputs_go_through_triemask_when_enabled(
+    tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With TRIEMASK_VLLM_BACKEND=1 (the vllm.general_plugins entry point), vLLM's own
+    structured outputs (what a `response_format` or a `tool_choice="required"` request becomes)
+    compile with triemask where a trie helps and with xgrammar otherwise; no vllm_xargs."""
+    from vllm import LLM, SamplingParams
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from triemask.integrations import vllm as triemask_vllm
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    monkeypatch.setenv(triemask_vllm.ENABLE_ENV, "1")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # (the engine here: its backend can be looked at)
+    # (the name the plugin replaces is restored after the test)
+    monkeypatch.setattr(triemask_vllm._manager_module, "XgrammarBackend", triemask_vllm.XgrammarBackend)
+    # vLLM runs its general plugins once per process (an earlier test's engine did, without the
+    # variable): the entry point's function runs here as it would in a fresh engine process
+    from importlib.metadata import entry_points
+
+    (plugin,) = [p for p in entry_points(group="vllm.general_plugins") if p.name == "triemask"]
+    plugin.load()()
+    tools = [
+        {"name": f"tool_{i}", "parameters": {"type": "object", "properties": {"ok": {"type": "boolean"}}}}
+        for i in range(200)
+    ]
+    union = {  # vLLM 0.32's schema for tool_choice="required" (vllm/tool_parsers/utils.py)
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 1,
+        "items": {
+            "type": "object",
+            "anyOf": [
+                {
+                    "properties": {"name": {"type": "string", "enum": [t["name"]]}, "parameters": t["parameters"]},
+                    "required": ["name", "parameters"],
+                }
+                for t in tools
+            ],
+        },
+    }
+    small = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    llm = LLM(
+        model=str(tiny_model),
+        dtype="float32",
+        max_model_len=512,
+        max_num_seqs=8,
+        enforce_eager=True,
+        seed=0,
+        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},  # (else: pads forever)
+    )
+    params = [
+        SamplingParams(temperature=t, seed=i, max_tokens=120, structured_outputs=StructuredOutputsParams(json=s))
+        for i, (t, s) in enumerate([(0.0, union), (1.0, union), (1.0, union), (0.0, small)])
+    ]
+    outputs = llm.generate([f"Call {i}:" for i in range(len(params))], params)
+    manager = llm.llm_engine.engine_core.engine_core.structured_output_manager
+    assert isinstance(manager.backend, triemask_vllm.TriemaskBackend)
+    for output, param in zip(outputs, params, strict=True):
+        value = json.loads(output.outputs[0].text)
+        jsonschema.validate(value, param.structured_outputs.json)
+    with pytest.raises(RuntimeError, match="written for vLLM"):
+        monkeypatch.setattr(triemask_vllm.vllm, "__version__", "9.0.0")
+        triemask_vllm.install()
+
+
+def test_openai_tool_calls_over_500_tools_are_served_by_triemask(tiny_model: Path, tmp_path: Path) -> None:
+    """A standard OpenAI chat request, `tools` (500) with `tool_choice="required"`, no extra
+    field: with TRIEMASK_VLLM_BACKEND=1 vLLM's own tool-call schema compiles with triemask and
+    a valid tool call comes back; the same server with xgrammar answers it too. The time to
+    the first answer of each is printed (docs/serving.md has the figures)."""
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for message in messages %}{{ message['content'] }}\n{% endfor %}")
+    parameters = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    tools = [
+        {"type": "function", "function": {"name": f"tool_{i}", "description": "", "parameters": parameters}}
+        for i in range(500)
+    ]
+    request = {
+        "messages": [{"role": "user", "content": "Call one tool."}],
+        "tools": tools,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,  # (one call: a random model would call tools until max_tokens)
+        "max_tokens": 120,
+        "temperature": 0.0,
+    }
+    extra = (
+        "--chat-template",
+        str(template),
+        "--enable-auto-tool-choice",  # (vLLM wants a tool parser for tool_choice="required", which
+        "--tool-call-parser",  # then reads the call from the JSON array its schema allows)
+        "hermes",
+        "--max-model-len",
+        "512",
+        "--structured-outputs-config",
+        json.dumps({"backend": "xgrammar", "disable_any_whitespace": True}),  # (a random model pads forever)
+    )
+    first: dict[str, float] = {}
+    for enabled in ("1", "0"):
+        env = {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "TRIEMASK_VLLM_BACKEND": enabled,
+            # (hermes has a structural-tag model: by default vLLM 0.32 constrains its native
+            # <tool_call> format, xgrammar's; with this, vLLM's JSON-schema union, as for parsers
+            # without one)
+            "VLLM_ENFORCE_STRICT_TOOL_CALLING": "0",
+        }
+        server = _Server(tiny_model, env, tmp_path / f"server-{enabled}.log", extra)
+        try:
+            started = time.perf_counter()
+            status, body = _post(
+                f"http://127.0.0.1:{server.port}/v1/chat/completions", {"model": str(tiny_model), **request}
+            )
+            first["triemask" if enabled == "1" else "xgrammar"] = time.perf_counter() - started
+            assert status == 200, body
+            calls = body["choices"][0]["message"].get("tool_calls")
+            names = {f"tool_{i}" for i in range(500)}
+            assert calls and all(c["function"]["name"] in names for c in calls), json.dumps(body)
+            assert all(json.loads(c["function"]["arguments"]) in ({"ok": True}, {"ok": False}) for c in calls), body
+            served = "go through triemask" in server.log_path.read_text()
+            assert served == (enabled == "1"), server.log_path.read_text()[-2000:]
+        finally:
+            server.stop()
+    print(f"first answer with 500 tools: {first}")

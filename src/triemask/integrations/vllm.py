@@ -24,19 +24,48 @@ model's vocabulary (a value no token sequence spells) ends its request alone: th
 allows only EOS and an error is logged; no exception leaves the engine step. Each
 step, every constrained row of a set is masked with one device operation, and rows
 without a triemask request are left untouched. See docs/serving.md.
+
+The standard requests (``response_format`` with a JSON schema, ``tools`` with
+``tool_choice="required"`` or a named tool) are served by triemask without ``vllm_xargs``
+through vLLM's own structured outputs (:class:`TriemaskBackend`). vLLM 0.32 turns those
+requests into a JSON schema (for ``tool_choice="required"``: an array of calls, an ``anyOf``
+with one object per tool) and hands it to one structured-output backend, chosen by name from
+a fixed list in ``StructuredOutputManager.grammar_init``
+(``vllm/v1/structured_output/__init__.py``; vLLM issue #50966 asks for pluggable backends).
+This module subclasses vLLM's ``XgrammarBackend``: a JSON schema holding an enum of at least
+``DEFAULT_MIN_ENUM_VALUES`` values or a discriminated union of at least
+``DEFAULT_MIN_UNION_BRANCHES`` branches compiles with triemask (the structure still
+xgrammar's), every other grammar exactly as vLLM's xgrammar backend compiles it. Grammars
+compile in vLLM's own executor thread, and vLLM applies the bitmasks (xgrammar's layout).
+
+The shim is one name: with ``TRIEMASK_VLLM_BACKEND=1`` in the environment, the
+``vllm.general_plugins`` entry point (run in every vLLM process at start-up) replaces
+``vllm.v1.structured_output.XgrammarBackend``, the name ``grammar_init`` instantiates for the
+default backend, with :class:`TriemaskBackend`. It checks vLLM's version and the name first
+and refuses to start (``RuntimeError``) on a vLLM it was not written for, rather than
+misbehave. Without the variable nothing changes.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
+from dataclasses import dataclass, field
 from typing import Any
 
-from .serving.compiled_sets import compile_registered, compiled_sets_for_model
-from .serving.requests import validate_request
+from ..compiler import Compiler
+from ..schemas import DEFAULT_MIN_ENUM_VALUES, DEFAULT_MIN_UNION_BRANCHES, SchemaMatcher, dispatch, load_schema
+from .serving.compiled_sets import compile_registered, compiled_sets_for_model, hf_vocabulary
+from .serving.requests import log_unenforced, validate_request
 from .serving.rows import BatchRows, SlotStates
 
 try:
+    import vllm
+    import vllm.v1.structured_output as _manager_module
     from vllm.v1.sample.logits_processor import LogitsProcessor as _V1LogitsProcessor
+    from vllm.v1.structured_output.backend_types import StructuredOutputGrammar, StructuredOutputOptions
+    from vllm.v1.structured_output.backend_xgrammar import XgrammarBackend
     from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor as _V2LogitsProcessor
 except ImportError as error:  # pragma: no cover - exercised only without vLLM
     raise ImportError(
@@ -52,7 +81,16 @@ except ImportError:  # pragma: no cover - older vLLM
             super().__init__(message)
 
 
-__all__ = ["TriemaskLogitsProcessor", "TriemaskLogitsProcessorV2"]
+__all__ = [
+    "ENABLE_ENV",
+    "SUPPORTED_VLLM",
+    "TriemaskBackend",
+    "TriemaskGrammar",
+    "TriemaskLogitsProcessor",
+    "TriemaskLogitsProcessorV2",
+    "install",
+    "register",
+]
 
 
 def _log_through_vllm() -> None:
@@ -128,3 +166,148 @@ class TriemaskLogitsProcessorV2(_V2LogitsProcessor):  # type: ignore[misc]
 
     def apply(self, logits: Any, ctx: Any) -> Any:
         return self._slots.apply(logits, ctx)
+
+
+# --------------------------------------------------------------------------- structured outputs
+
+ENABLE_ENV = "TRIEMASK_VLLM_BACKEND"
+"""Set to ``1`` to serve vLLM's structured outputs through :class:`TriemaskBackend`."""
+SUPPORTED_VLLM = ("0.32.",)
+"""The vLLM releases whose ``StructuredOutputManager`` this shim was read against."""
+
+logger = logging.getLogger("vllm.triemask")  # (through vLLM's handlers, in every vLLM process)
+
+
+@dataclass
+class TriemaskGrammar(StructuredOutputGrammar):  # type: ignore[misc]
+    """One request's :class:`~triemask.SchemaMatcher` behind vLLM's grammar interface."""
+
+    matcher: SchemaMatcher = field(hash=False)
+    _terminated: bool = field(default=False, repr=False, hash=False)
+
+    def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
+        if self._terminated:
+            return True
+        for token in tokens:
+            if not self.matcher.accept_token(token):
+                logger.error("triemask: request %s: token %s is not allowed here", request_id, token)
+                return False
+            if self.matcher.is_terminated():
+                self._terminated = True
+                break
+        return True
+
+    def validate_tokens(self, tokens: list[int]) -> list[int]:
+        if self._terminated:
+            return []
+        accepted: list[int] = []
+        for token in tokens:
+            if not self.matcher.accept_token(token):
+                break
+            accepted.append(token)
+            if self.matcher.is_terminated():
+                break
+        if accepted:
+            self.matcher.rollback(len(accepted))
+        return accepted
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+        self._terminated = self.matcher.is_terminated()
+
+    def fill_bitmask(self, bitmask: Any, batch_index: int) -> None:
+        try:
+            self.matcher.fill_next_token_bitmask(bitmask, batch_index)
+        except Exception:  # never out of the engine step: this row may only stop
+            logger.exception("triemask: a bitmask fill failed; the request may only stop")
+            row = bitmask[batch_index]
+            row.zero_()
+            for token in self.matcher.schema.eos_token_ids:
+                word = (int(row[token >> 5]) & 0xFFFFFFFF) | 1 << (token & 31)
+                row[token >> 5] = word - (1 << 32) if word >= 1 << 31 else word  # (int32)
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    def reset(self) -> None:
+        self.matcher.reset()
+        self._terminated = False
+
+
+class TriemaskBackend(XgrammarBackend):  # type: ignore[misc]
+    """vLLM's xgrammar backend, except that JSON schemas with a large enum or a large
+    discriminated union compile with triemask."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._compilers: dict[frozenset[int], Compiler] = {}
+        self._lock = threading.Lock()
+
+    def _compiler(self, stop_token_ids: set[int] | None) -> Compiler:
+        """The triemask compiler of this model's vocabulary, its EOS the request's stop tokens."""
+        key = frozenset(stop_token_ids or ())
+        with self._lock:
+            found = self._compilers.get(key)
+            if found is None:
+                vocab = hf_vocabulary(self.tokenizer, self.vocab_size, eos_token_ids=sorted(key))
+                found = self._compilers[key] = Compiler(vocab)
+            return found
+
+    def compile_grammar(
+        self, request_type: Any, grammar_spec: str, stop_token_ids: set[int] | None = None
+    ) -> StructuredOutputGrammar:
+        if request_type == StructuredOutputOptions.JSON and _trie_helps(grammar_spec):
+            whitespace: dict[str, Any] = {"any_whitespace": not self.disable_any_whitespace}
+            if self.disable_any_whitespace:
+                whitespace["separators"] = (",", ":")
+            compiled = self._compiler(stop_token_ids).compile_json_schema(
+                grammar_spec, unsupported="ignore", **whitespace
+            )
+            if compiled.unenforced:
+                log_unenforced(compiled.unenforced)
+            return TriemaskGrammar(SchemaMatcher(compiled, max_rollback=max(16, self.num_speculative_tokens + 1)))
+        return super().compile_grammar(request_type, grammar_spec, stop_token_ids=stop_token_ids)
+
+
+def _trie_helps(grammar_spec: str) -> bool:
+    """Whether a JSON schema holds an enum or a discriminated union large enough for a trie
+    (anything triemask cannot read stays xgrammar's, which reports it as vLLM does)."""
+    try:
+        _, sites, _ = dispatch(
+            load_schema(grammar_spec),
+            DEFAULT_MIN_ENUM_VALUES,
+            min_union_branches=DEFAULT_MIN_UNION_BRANCHES,
+            patterns=False,
+        )
+    except Exception:
+        return False
+    return bool(sites)
+
+
+def install() -> None:
+    """Serve this process's structured outputs through :class:`TriemaskBackend` (the name
+    vLLM's manager instantiates for its default backend). Refuses a vLLM release outside
+    :data:`SUPPORTED_VLLM` or one whose manager no longer holds that name."""
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if not version.startswith(SUPPORTED_VLLM):
+        raise RuntimeError(
+            f"{ENABLE_ENV}=1: triemask's structured-output backend was written for vLLM {', '.join(SUPPORTED_VLLM)}x "
+            f"and this is vLLM {version}; unset {ENABLE_ENV} (the logits processor needs no shim)"
+        )
+    current = getattr(_manager_module, "XgrammarBackend", None)
+    if current is TriemaskBackend:
+        return
+    if current is not XgrammarBackend:
+        raise RuntimeError(
+            f"{ENABLE_ENV}=1: vllm.v1.structured_output.XgrammarBackend is not vLLM's xgrammar backend "
+            f"({current!r}); refusing to replace it"
+        )
+    _manager_module.XgrammarBackend = TriemaskBackend
+    logger.info("triemask: vLLM's structured outputs go through triemask where a trie helps")
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point: :func:`install` when ``$TRIEMASK_VLLM_BACKEND``
+    is ``1``, nothing otherwise."""
+    if os.environ.get(ENABLE_ENV) == "1":
+        install()
