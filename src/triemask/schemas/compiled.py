@@ -173,7 +173,12 @@ class CompiledSchema(SchemaEngine):
                 skeleton, Skeleton(ebnf, tuple(placeholders), grammar, controls_in_strings(ebnf))
             )
         self._ebnf = ebnf  # "" without trie fields: the compiled grammar's own text, when saved
-        self._unions_ready(compiler, {k: site.union for site, k in zip(sites, numbers, strict=True) if site.union})
+        unions = {k: site for site, k in zip(sites, numbers, strict=True) if site.union is not None}
+        self._unions_ready(
+            compiler,
+            {k: site.union for k, site in unions.items() if site.union is not None},
+            {k: site.values for k, site in unions.items()},
+        )
         self._finish(fields, cached.grammar, cached.controls)
         self._compile_seconds = time.perf_counter() - started
 
@@ -202,25 +207,25 @@ class CompiledSchema(SchemaEngine):
                 stacklevel=4,
             )
 
-    def _unions_ready(self, compiler: SetCompiler | None, unions: dict[int, UnionChoice]) -> None:
-        """The discriminated unions' state: field ``k`` -> its union, each field value's branch,
-        and the schemas of the choices made so far (compiled on first use by ``compiler``,
-        shared by every request, bounded in bytes)."""
+    def _unions_ready(
+        self, compiler: SetCompiler | None, unions: dict[int, UnionChoice], values: dict[int, tuple[str, ...]]
+    ) -> None:
+        """The discriminated unions' state: field ``k`` -> its union, each field value's branch
+        (``values``: the discriminator's value of each branch), and the schemas of the choices
+        made so far (compiled on first use by ``compiler``, shared by every request, bounded in
+        bytes)."""
         self._union_compiler = compiler
         self._unions = unions
-        self._union_branches = {
-            k: {text: i for i, text in enumerate(json_texts(tuple(self._union_values(u)), "$"))}
-            for k, u in unions.items()
-        }
+        self._union_branches = {k: {text: i for i, text in enumerate(json_texts(values[k], "$"))} for k in unions}
         self._choices: BoundedLRU[tuple[int, int], CompiledSchema] = BoundedLRU(DEFAULT_CHOICE_CACHE_BYTES)
         self._choices_lock = threading.Lock()
 
-    def _union_values(self, union: UnionChoice) -> list[str]:
-        """The discriminator's value of each of ``union``'s branches in this schema."""
+    def _union_values(self, union: UnionChoice) -> tuple[str, ...]:
+        """The discriminator's value of each of ``union``'s branches in the stored schema."""
         found = union_values({union.keyword: union.branches(self._schema)}, self._schema)
         if found is None:
             raise AutomatonFileError("a union's branches no longer tell themselves apart", field="described")
-        return list(found[2])
+        return found[2]
 
     def _choice(self, k: int, branch: int) -> CompiledSchema:
         """The schema where union field ``k`` chose ``branch``, compiled now unless cached."""
@@ -567,16 +572,18 @@ class CompiledSchema(SchemaEngine):
     ) -> None:
         """The stored unions, checked against the stored schema: each is there, and its
         discriminator's values are its field's values."""
+        values: dict[int, tuple[str, ...]] = {}
         try:
             for k, union in unions.items():
-                texts = json_texts(tuple(self._union_values(union)), "$")
+                values[k] = self._union_values(union)
+                texts = json_texts(values[k], "$")
                 if set(texts) != set(fields[k].automaton.values()) or len(texts) != len(set(texts)):
                     raise ValueError(f"field {k}'s values are not its union's")
         except (AutomatonFileError, KeyError, IndexError, TypeError, ValueError) as error:
             raise AutomatonFileError(
                 f"{source} is corrupt: a union does not match its field ({error})", field="fields"
             ) from None
-        self._unions_ready(compiler, unions)
+        self._unions_ready(compiler, unions, values)
 
     def _restore_described(
         self, described: Any, meta: dict[str, Any], vocab: Vocabulary, compiler: SetCompiler | None
