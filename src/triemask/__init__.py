@@ -44,7 +44,14 @@ from .base import (
 from .cache import DEFAULT_COMPILE_CACHE_BYTES, CompileCache, default_compile_cache, values_fingerprint
 from .compiler import Compiler
 from .matcher import Matcher
-from .schemas import DEFAULT_MIN_ENUM_VALUES, CompiledSchema, CompiledTools, SchemaMatcher, fill_next_token_bitmasks
+from .schemas import (
+    DEFAULT_MIN_ENUM_VALUES,
+    DEFAULT_MIN_UNION_BRANCHES,
+    CompiledSchema,
+    CompiledTools,
+    SchemaMatcher,
+    fill_next_token_bitmasks,
+)
 from .sets import FORMATS
 from .vocab import Vocabulary
 
@@ -74,6 +81,7 @@ __all__ = [
     "DEFAULT_CACHE_BYTES",
     "DEFAULT_COMPILE_CACHE_BYTES",
     "DEFAULT_MIN_ENUM_VALUES",
+    "DEFAULT_MIN_UNION_BRANCHES",
     "FORMATS",
     "ArgumentTypeError",
     "AutomatonFileError",
