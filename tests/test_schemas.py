@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 import numpy as np
 import pytest
+from benchmarks.schemas import vllm_required_schema  # (vLLM 0.32's builder, reproduced there)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,7 @@ from triemask import (
     Vocabulary,
     fill_next_token_bitmasks,
 )
+from triemask.datasets import load_tool_registry, tool_specs
 from triemask.schemas import dispatch
 
 xgr = pytest.importorskip("xgrammar")
@@ -972,35 +974,12 @@ def test_union_schemas_round_trip_through_files(byte_vocab: Vocabulary, byte_com
     assert theirs.value == json.loads(text)
 
 
-def _vllm_required(specs: list[dict[str, Any]]) -> dict[str, Any]:
-    """vLLM 0.32's schema for tool_choice="required" (vllm/tool_parsers/utils.py)."""
-    return {
-        "type": "array",
-        "minItems": 1,
-        "items": {
-            "type": "object",
-            "anyOf": [
-                {
-                    "properties": {
-                        "name": {"type": "string", "enum": [spec["function"]["name"]]},
-                        "parameters": spec["function"]["parameters"],
-                    },
-                    "required": ["name", "parameters"],
-                }
-                for spec in specs
-            ],
-        },
-    }
-
-
 def test_qwen_vllm_required_tool_calls_over_real_functions() -> None:
     """vLLM's tool_choice="required" schema over real function schemas, its union a trie, on
     Qwen 151K: every mask judged by xgrammar's language for the whole union."""
-    from triemask.datasets import load_tool_registry, tool_specs
-
     name = "qwen2"
     compiler, vocab = real_compiler(name), real_vocabulary(name).vocab
-    schema = _vllm_required(tool_specs(load_tool_registry())[:24])
+    schema = vllm_required_schema(tool_specs(load_tool_registry())[:24])
     compiled = compiler.compile_json_schema(schema, any_whitespace=False, min_enum_values=2, min_union_branches=2)
     assert compiled.stats()["unions"][0]["branches"] == 24
     reference = reference_compiler(vocab).compile_json_schema(json.dumps(schema), any_whitespace=False)
