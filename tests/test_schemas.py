@@ -1009,3 +1009,15 @@ def test_unused_definitions_hold_no_field(byte_compiler: Compiler) -> None:
     schema["properties"]["b"] = {"$ref": "#/$defs/Via"}
     compiled = byte_compiler.compile_json_schema(schema, min_enum_values=2, min_union_branches=2)
     assert [f["paths"] for f in compiled.stats()["trie_fields"]] == [["$.properties.a.enum"], ["$.$defs.Used.enum"]]
+
+
+@pytest.mark.parametrize("name", sorted(UNIONS))
+def test_a_choice_leaves_the_schema_as_it_was(name: str) -> None:
+    text = json.dumps(UNIONS[name])
+    loaded = json.loads(text)
+    (site,) = [s for s in dispatch(json.loads(text), 2)[1] if s.union is not None]
+    assert site.union is not None
+    for branch in range(len(site.values)):
+        chosen = site.union.chosen(loaded, branch)
+        assert json.dumps(loaded) == text, "the schema was modified"
+        assert chosen != loaded and len(json.dumps(chosen)) != len(text)

@@ -141,16 +141,22 @@ class UnionChoice:
         return branches
 
     def chosen(self, schema: dict[str, Any], branch: int) -> dict[str, Any]:
-        """A copy of ``schema`` where the union has chosen ``branch``."""
-        copied: dict[str, Any] = json.loads(json.dumps(schema))
-        choice = json.loads(json.dumps(self.branches(schema)[branch]))
-        if self.repeated:
-            array = _at(copied, self.pointer)
-            array["prefixItems"] = [*array.get("prefixItems", []), choice]
-        elif self.pointer:
-            _at(copied, self.pointer[:-1])[self.pointer[-1]] = choice
-        else:  # (the whole schema: its definitions stay)
-            copied = {**choice, **{k: copied[k] for k in ("$defs", "definitions") if k in copied}}
+        """``schema`` where the union has chosen ``branch``: the containers on the way to the
+        change are copied, everything else is shared with ``schema`` (which is not modified;
+        a compile copies what it is given)."""
+        choice = self.branches(schema)[branch]
+        if not self.pointer and not self.repeated:  # (the whole schema: its definitions stay)
+            return {**choice, **{k: schema[k] for k in ("$defs", "definitions") if k in schema}}
+        copied: dict[str, Any] = dict(schema)
+        parent: Any = copied
+        for step in self.pointer if self.repeated else self.pointer[:-1]:
+            inner = parent[step]
+            parent[step] = dict(inner) if isinstance(inner, dict) else list(inner)
+            parent = parent[step]
+        if self.repeated:  # (parent: the array)
+            parent["prefixItems"] = [*parent.get("prefixItems", []), choice]
+        else:
+            parent[self.pointer[-1]] = choice
         return copied
 
 
