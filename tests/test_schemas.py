@@ -1006,9 +1006,11 @@ def test_unused_definitions_hold_no_field(byte_compiler: Compiler) -> None:
     }
     compiled = byte_compiler.compile_json_schema(schema, min_enum_values=2, min_union_branches=2)
     assert [f["paths"] for f in compiled.stats()["trie_fields"]] == [["$.properties.a.enum"]]
-    schema["properties"]["b"] = {"$ref": "#/$defs/Via"}
-    compiled = byte_compiler.compile_json_schema(schema, min_enum_values=2, min_union_branches=2)
-    assert [f["paths"] for f in compiled.stats()["trie_fields"]] == [["$.properties.a.enum"], ["$.$defs.Used.enum"]]
+    for reference in ("#/$defs/Via", "#/%24defs/Used"):  # (the URI-fragment form too: xgrammar resolves it)
+        schema["properties"]["b"] = {"$ref": reference}
+        compiled = byte_compiler.compile_json_schema(schema, min_enum_values=2, min_union_branches=2)
+        paths = [f["paths"] for f in compiled.stats()["trie_fields"]]
+        assert paths == [["$.properties.a.enum"], ["$.$defs.Used.enum"]], reference
 
 
 @pytest.mark.parametrize("name", sorted(UNIONS))

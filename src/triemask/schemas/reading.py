@@ -33,6 +33,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -372,9 +373,9 @@ def _ref_targets(schema: dict[str, Any]) -> list[tuple[str, ...]]:
     targets = []
     for node in _dicts_within(schema):
         ref = node.get("$ref")
-        if type(ref) is str and ref.startswith("#"):
-            tokens = ref[1:].split("/")[1:]
-            targets.append(tuple(t.replace("~1", "/").replace("~0", "~") for t in tokens))
+        tokens = _pointer(ref) if type(ref) is str else None
+        if tokens is not None:
+            targets.append(tuple(tokens))
     return targets
 
 
@@ -447,13 +448,21 @@ def structure_cost(schema: Any) -> StructureCost:
     return StructureCost(patterns, formats, squares, len(nodes))
 
 
-def _resolve(schema: dict[str, Any], ref: str) -> Any:
-    """The subschema a local JSON pointer (``#/$defs/Name``) names, else None."""
+def _pointer(ref: str) -> list[str] | None:
+    """The tokens of a local reference (``#/$defs/Name`` -> ``["$defs", "Name"]``, ``#`` -> ``[]``;
+    percent-escapes and ``~0`` / ``~1`` decoded), else None."""
     if not ref.startswith("#"):
         return None
+    return [unquote(token).replace("~1", "/").replace("~0", "~") for token in ref[1:].split("/")[1:]]
+
+
+def _resolve(schema: dict[str, Any], ref: str) -> Any:
+    """The subschema a local JSON pointer (``#/$defs/Name``) names, else None."""
+    tokens = _pointer(ref)
+    if tokens is None:
+        return None
     node: Any = schema
-    for token in ref[1:].split("/")[1:]:
-        token = token.replace("~1", "/").replace("~0", "~")
+    for token in tokens:
         if isinstance(node, dict) and token in node:
             node = node[token]
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
@@ -639,7 +648,9 @@ def dispatch(
             children = node.get(key)
             if isinstance(children, dict) and key not in skipped:
                 node[key] = {
-                    name: visit(
+                    name: child
+                    if (key, name) in unreached and not at  # (left to xgrammar, which leaves it out)
+                    else visit(
                         child,
                         _key_path(_key_path(path, key), name),
                         (*at, key, name),
@@ -661,16 +672,23 @@ def dispatch(
                 node[key] = visit(node[key], f"{path}.{key}", (*at, key), keys, None, once if key == "items" else None)
         return node
 
+    unreached: set[tuple[str | int, ...]] = set()
     try:
         structural = visit(schema, "$", (), False, ())
+        # A definition nothing refers to is out of the structure (xgrammar's grammar leaves it
+        # out: one only a union's branches refer to, each choice compiling it; one a schema
+        # defines and never uses), so no site goes there: visited again, those definitions are
+        # left as they are. (Had a reference escaped this reading, xgrammar would compile the
+        # enum itself: slower, never another language.)
+        in_definitions = {site.at[:2] for site in sites if site.at[:1] in (("$defs",), ("definitions",))}
+        unreached = in_definitions - _reachable_definitions(structural)
+        if unreached:
+            sites.clear()
+            unenforced.clear()
+            budget.left = MAX_DISPATCHED_PATTERNS if patterns else 0
+            structural = visit(schema, "$", (), False, ())
     except RecursionError:
         raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
-    if any(site.at[:1] in (("$defs",), ("definitions",)) for site in sites):
-        # a definition nothing refers to is out of the structure (xgrammar's grammar leaves it
-        # out), and so are the sites inside it: one only a union's branches refer to (each
-        # choice compiles it), one a schema defines and never uses
-        reachable = _reachable_definitions(structural)
-        sites = [s for s in sites if s.at[:1] not in (("$defs",), ("definitions",)) or s.at[:2] in reachable]
     return structural, sites, tuple(unenforced)
 
 
@@ -685,10 +703,13 @@ def _reachable_definitions(schema: dict[str, Any]) -> set[tuple[str, ...]]:
     while pending:
         for node in _dicts_within(pending.pop()):
             ref = node.get("$ref")
-            if type(ref) is not str or not ref.startswith("#/"):
-                continue
-            tokens = [t.replace("~1", "/").replace("~0", "~") for t in ref[2:].split("/")]
-            if len(tokens) >= 2 and tokens[0] in definitions and (tokens[0], tokens[1]) not in found:
+            tokens = _pointer(ref) if type(ref) is str else None
+            if (
+                tokens is not None
+                and len(tokens) >= 2
+                and tokens[0] in definitions
+                and (tokens[0], tokens[1]) not in found
+            ):
                 found.add((tokens[0], tokens[1]))
                 target = definitions[tokens[0]].get(tokens[1])
                 if target is not None:
