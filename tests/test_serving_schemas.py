@@ -260,3 +260,25 @@ def test_schema_rows_are_masked_exactly_through_the_bitmask(sets: CompiledSets, 
     assert finite[0] == finite[2] == set(range(width))  # rows not given: untouched
     assert finite[1] == set(live.allowed_token_ids().tolist()) and max(finite[1]) < vocab.vocab_size
     assert finite[3] == {eos}
+
+
+def test_a_union_is_priced_by_its_structure_and_costliest_branch() -> None:
+    """A tool-call union compiles its structure and one branch at a time (each choice), so
+    admission prices that, not every branch at once: 500 tools with a pattern each pass, one
+    tool whose own arguments are over the limit does not."""
+
+    def tool(i: int, patterns: int) -> dict[str, object]:
+        arguments = {
+            f"p{j}": {"type": "string", "pattern": f"\\w{{0,{30 + i}}}\\d{{{j + 1}}}"} for j in range(patterns)
+        }
+        return {
+            "properties": {"name": {"type": "string", "enum": [f"tool_{i}"]}, "parameters": {"properties": arguments}},
+            "required": ["name", "parameters"],
+        }
+
+    def union(tools: list[dict[str, object]]) -> dict[str, object]:
+        return {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": tools}}
+
+    requested_schema({"triemask_json_schema": union([tool(i, 1) for i in range(500)])}, Limits())  # 225 s at once
+    with pytest.raises(RequestError, match=r"about 2,7.. ms to compile"):
+        requested_schema({"triemask_json_schema": union([tool(i, 1) for i in range(499)] + [tool(499, 6)])}, Limits())

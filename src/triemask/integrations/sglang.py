@@ -48,8 +48,8 @@ from ..schemas import (
     CompiledSchema,
     SchemaMatcher,
     dispatch,
+    dispatched_cost,
     load_schema,
-    structure_cost,
 )
 from ..sets import dag_of_pattern
 from .serving.compiled_sets import CompiledSets, compile_registered, hf_vocabulary
@@ -291,11 +291,7 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
                 return self._other().dispatch_json(key_string)
             if len(key_string.encode("utf-8", "surrogatepass")) > self.limits.max_set_bytes:
                 raise ValueError(f"the schema exceeds the server's limit of {self.limits.max_set_bytes} bytes")
-            # what xgrammar compiles: the structure, and per union choice one branch more
-            choices = [branch for site in sites if site.union for branch in site.union.branches(schema)]
-            cost = structure_cost(structural).milliseconds + max(
-                (structure_cost(branch).milliseconds for branch in choices), default=0.0
-            )
+            cost = dispatched_cost(schema, structural, sites).milliseconds  # (what xgrammar compiles)
             if cost > self.limits.max_schema_cost_ms:
                 raise ValueError(f"the schema would take the structural engine about {cost:,.0f} ms to compile")
             any_whitespace = bool(getattr(self._fallback, "any_whitespace", True))

@@ -432,6 +432,14 @@ class StructureCost:
         """The estimated compile time (an upper bound on this machine for the measured shapes)."""
         return 450 * self.patterns + 20 * self.formats + 0.006 * self.optional_squares + 0.1 * self.subschemas
 
+    def __add__(self, other: StructureCost) -> StructureCost:
+        return StructureCost(
+            self.patterns + other.patterns,
+            self.formats + other.formats,
+            self.optional_squares + other.optional_squares,
+            self.subschemas + other.subschemas,
+        )
+
 
 def structure_cost(schema: Any) -> StructureCost:
     """:class:`StructureCost` of ``schema`` (annotations count too: an upper bound)."""
@@ -454,6 +462,19 @@ def _pointer(ref: str) -> list[str] | None:
     if not ref.startswith("#"):
         return None
     return [unquote(token).replace("~1", "/").replace("~0", "~") for token in ref[1:].split("/")[1:]]
+
+
+def dispatched_cost(schema: dict[str, Any], structural: dict[str, Any], sites: list[EnumSite]) -> StructureCost:
+    """:class:`StructureCost` of what the structural engine compiles for ``schema`` dispatched
+    into ``structural`` and ``sites``: the structure, plus for each discriminated union its
+    costliest branch (a choice compiles the structure with that branch in the union's place;
+    for an array's items, one branch more per element: priced for the first)."""
+    cost = structure_cost(structural)
+    for site in sites:
+        if site.union is not None:
+            branches = [structure_cost(branch) for branch in site.union.branches(schema)]
+            cost = cost + max(branches, key=lambda c: c.milliseconds)
+    return cost
 
 
 def _resolve(schema: dict[str, Any], ref: str) -> Any:

@@ -11,7 +11,17 @@ from functools import lru_cache
 from typing import Any
 
 from ...base import PatternError, TriemaskError
-from ...schemas import TOO_DEEP, dispatch, load_schema, read_tools, structure_cost
+from ...schemas import (
+    DEFAULT_MIN_ENUM_VALUES,
+    DEFAULT_MIN_UNION_BRANCHES,
+    TOO_DEEP,
+    StructureCost,
+    dispatch,
+    dispatched_cost,
+    load_schema,
+    read_tools,
+    structure_cost,
+)
 from ...sets import FORMATS, dag_of_pattern
 from ...sets import literal_alternatives as regex_literals
 from .limits import (
@@ -155,9 +165,12 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
                 )
             loaded: Any = load_schema(given)
             # empty enums and bad values, with their paths (no pattern automaton: those are the
-            # engine's, so this front end's event loop never waits on one)
-            dispatch(loaded, 1, patterns=False)
-            _price_structure(kind, "$", loaded, limits)
+            # engine's, so this front end's event loop never waits on one), and what the
+            # engine's compile gives xgrammar (enums and unions at the engine's thresholds)
+            structural, sites, _ = dispatch(
+                loaded, DEFAULT_MIN_ENUM_VALUES, min_union_branches=DEFAULT_MIN_UNION_BRANCHES, patterns=False
+            )
+            _price_structure(kind, "$", dispatched_cost(loaded, structural, sites), limits)
         else:
             if isinstance(given, str):
                 given = json.loads(given)
@@ -165,7 +178,8 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
             for index, (_, parameters) in enumerate(read_tools(given)):
                 try:
                     _, _, found = dispatch(load_schema(parameters), 1, patterns=False)  # (depth bounded)
-                    _price_structure(kind, f"$[{index}].parameters", parameters, limits)  # one tool at a time
+                    # (one tool at a time: its arguments compile when it is chosen)
+                    _price_structure(kind, f"$[{index}].parameters", structure_cost(parameters), limits)
                 except TriemaskError as error:
                     path = f"$[{index}].parameters" + getattr(error, "path", "$")[1:]
                     raise RequestError(f"{kind!r} at {path}: {error}") from None
@@ -185,9 +199,8 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
     return SchemaRequest(kind, text)
 
 
-def _price_structure(kind: str, path: str, schema: Any, limits: Limits) -> None:
+def _price_structure(kind: str, path: str, cost: StructureCost, limits: Limits) -> None:
     """Refuse a schema whose structure would cost the engine's step more than the limit."""
-    cost = structure_cost(schema)
     if cost.milliseconds > limits.max_schema_cost_ms:
         raise RequestError(
             f"{kind!r} at {path} would take the structural engine about {cost.milliseconds:,.0f} ms to compile, "
