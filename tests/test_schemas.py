@@ -952,9 +952,16 @@ def test_unions_a_trie_cannot_decide_stay_xgrammars() -> None:
             "items": {"type": "array", "items": {"anyOf": [branch("kind", "a"), branch("kind", "b")]}},
         },
     }
+    costly = branch("kind", "b")
+    costly["properties"] |= {f"p{i}": {"type": "string", "pattern": f"[a-z]{{{i + 1}}}x+"} for i in range(2)}
+    undecided["a branch too costly to compile while decoding (2 patterns: 900 ms priced)"] = {
+        "anyOf": [branch("kind", "a"), costly]
+    }
     for name, schema in undecided.items():
         _, sites, _ = dispatch(schema, 2)
         assert not any(site.union for site in sites), name
+    costly["properties"].pop("p1")  # (one pattern: 450 ms, within MAX_CHOICE_COMPILE_MS)
+    assert any(site.union for site in dispatch({"anyOf": [branch("kind", "a"), costly]}, 2)[1])
     _, sites, _ = dispatch({"anyOf": [branch("kind", "a"), branch("kind", "b")]}, 3)
     assert not sites, "below min_enum_values: xgrammar's"
 

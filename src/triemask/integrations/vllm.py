@@ -185,34 +185,50 @@ class TriemaskGrammar(StructuredOutputGrammar):  # type: ignore[misc]
     matcher: SchemaMatcher = field(hash=False)
     _terminated: bool = field(default=False, repr=False, hash=False)
 
+    # Nothing raises out of these (vLLM calls them in its engine step): a failure ends this
+    # request alone (accept_tokens False: vLLM finishes it with an error) and is logged.
+
     def accept_tokens(self, request_id: str, tokens: list[int]) -> bool:
         if self._terminated:
             return True
-        for token in tokens:
-            if not self.matcher.accept_token(token):
-                logger.error("triemask: request %s: token %s is not allowed here", request_id, token)
-                return False
-            if self.matcher.is_terminated():
-                self._terminated = True
-                break
+        try:
+            for token in tokens:
+                if not self.matcher.accept_token(token):
+                    logger.error("triemask: request %s: token %s is not allowed here", request_id, token)
+                    return False
+                if self.matcher.is_terminated():
+                    self._terminated = True
+                    break
+        except Exception:
+            logger.exception("triemask: request %s: a step failed; the request ends", request_id)
+            return False
         return True
 
     def validate_tokens(self, tokens: list[int]) -> list[int]:
         if self._terminated:
             return []
         accepted: list[int] = []
-        for token in tokens:
-            if not self.matcher.accept_token(token):
-                break
-            accepted.append(token)
-            if self.matcher.is_terminated():
-                break
-        if accepted:
-            self.matcher.rollback(len(accepted))
+        try:
+            for token in tokens:
+                if not self.matcher.accept_token(token):
+                    break
+                accepted.append(token)
+                if self.matcher.is_terminated():
+                    break
+            if accepted:
+                self.matcher.rollback(len(accepted))
+        except Exception:
+            logger.exception("triemask: validating draft tokens failed; none is taken")
+            return []
         return accepted
 
     def rollback(self, num_tokens: int) -> None:
-        self.matcher.rollback(num_tokens)
+        try:
+            self.matcher.rollback(num_tokens)
+        except Exception:
+            logger.exception("triemask: a rollback failed; the request may only stop")
+            self._terminated = True
+            return
         self._terminated = self.matcher.is_terminated()
 
     def fill_bitmask(self, bitmask: Any, batch_index: int) -> None:

@@ -49,6 +49,11 @@ MAX_DISPATCHED_PATTERNS = 8
 """``pattern`` fields of one schema whose automaton is built (each bounded, about 0.06 s at
 most): further ones, and patterns over 4,096 characters, stay with the structural engine."""
 _MAX_DISPATCHED_PATTERN_CHARS = 4096
+MAX_CHOICE_COMPILE_MS = 500
+"""The most a discriminated union's choice may cost xgrammar's compile, estimated
+(:func:`dispatched_cost`): a choice is compiled while decoding, inside a serving engine's step,
+so a union whose structure and costliest branch are priced above this stays xgrammar's
+(compiled ahead, with the rest of the structure). Real tool registries' choices take 10-60 ms."""
 
 
 # Keywords whose value is one subschema, a list of them, or a name -> subschema map.
@@ -441,11 +446,16 @@ class StructureCost:
         )
 
 
+_COST_KEYWORDS = frozenset({"pattern", "format", "properties"})
+
+
 def structure_cost(schema: Any) -> StructureCost:
     """:class:`StructureCost` of ``schema`` (annotations count too: an upper bound)."""
     patterns = formats = squares = 0
     nodes = _dicts_within(schema)
     for node in nodes:
+        if _COST_KEYWORDS.isdisjoint(node):
+            continue  # (most dicts: one set test)
         patterns += isinstance(node.get("pattern"), str)
         formats += isinstance(node.get("format"), str)
         properties = node.get("properties")
@@ -609,7 +619,7 @@ def dispatch(
 
     def union_site(node: dict[str, Any], path: str, at: Pointer, place: Pointer | None, array: Pointer | None) -> Any:
         """The structural stand-in of a discriminated union that is a site, else None."""
-        found = union_values(node, schema)
+        found = union_values(node, schema) if unions_allowed else None
         if found is None or len(found[2]) < min_union_branches:
             return None
         key, keyword, values = found
@@ -694,8 +704,25 @@ def dispatch(
         return node
 
     unreached: set[tuple[str | int, ...]] = set()
+    unions_allowed = True
+
+    def again() -> Any:
+        """The visit from the start (after a decision above changed what may be a site)."""
+        sites.clear()
+        unenforced.clear()
+        budget.left = MAX_DISPATCHED_PATTERNS if patterns else 0
+        return visit(schema, "$", (), False, ())
+
     try:
         structural = visit(schema, "$", (), False, ())
+        # A union's choice is compiled during decoding (inside a serving engine's step): where
+        # the structure with its costliest branch would take xgrammar more than
+        # MAX_CHOICE_COMPILE_MS, the unions stay xgrammar's, compiled ahead like the rest.
+        if any(site.union for site in sites) and (
+            dispatched_cost(schema, structural, sites).milliseconds > MAX_CHOICE_COMPILE_MS
+        ):
+            unions_allowed = False
+            structural = again()
         # A definition nothing refers to is out of the structure (xgrammar's grammar leaves it
         # out: one only a union's branches refer to, each choice compiling it; one a schema
         # defines and never uses), so no site goes there: visited again, those definitions are
@@ -704,10 +731,7 @@ def dispatch(
         in_definitions = {site.at[:2] for site in sites if site.at[:1] in (("$defs",), ("definitions",))}
         unreached = in_definitions - _reachable_definitions(structural)
         if unreached:
-            sites.clear()
-            unenforced.clear()
-            budget.left = MAX_DISPATCHED_PATTERNS if patterns else 0
-            structural = visit(schema, "$", (), False, ())
+            structural = again()
     except RecursionError:
         raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
     return structural, sites, tuple(unenforced)
