@@ -63,15 +63,17 @@ def hostile_requests() -> list[tuple[str, dict[str, Any]]]:
 class Server:
     """vLLM's OpenAI server with the triemask processor, on a free loopback port."""
 
-    def __init__(self, model: Path, log: Path) -> None:
+    def __init__(
+        self, model: Path, log: Path, extra: tuple[str, ...] = (), environment: dict[str, str] | None = None
+    ) -> None:
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             self.port = probe.getsockname()[1]
         self.model, self.log = model, log.open("w")
         command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
         command += ["--port", str(self.port), "--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
-        command += ["--logits-processors", "triemask.integrations.vllm:TriemaskLogitsProcessor"]
-        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        command += ["--logits-processors", "triemask.integrations.vllm:TriemaskLogitsProcessor", *extra]
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false", **(environment or {})}
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 600
         while not self.healthy():
@@ -89,18 +91,27 @@ class Server:
     def complete(self, xargs: dict[str, Any], prompt: str, max_tokens: int, seed: int = 0) -> tuple[int, str, float]:
         """(status, text or error, seconds)."""
         body = {"model": str(self.model), "prompt": prompt, "max_tokens": max_tokens, "seed": seed, "vllm_xargs": xargs}
+        status, answer, seconds = self.post("completions", body)
+        return status, answer["choices"][0]["text"] if status == 200 else json.dumps(answer)[:200], seconds
+
+    def post(self, endpoint: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], float]:
+        """(status, the answer's JSON, seconds) of a request to ``/v1/<endpoint>``."""
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/completions",
+            f"http://127.0.0.1:{self.port}/v1/{endpoint}",
             json.dumps(body).encode(),
             {"Content-Type": "application/json"},
         )
         started = time.monotonic()
         try:
-            with urllib.request.urlopen(request, timeout=120) as response:
-                text = json.loads(response.read())["choices"][0]["text"]
-                return response.status, text, time.monotonic() - started
+            with urllib.request.urlopen(request, timeout=300) as response:
+                return response.status, json.loads(response.read()), time.monotonic() - started
         except urllib.error.HTTPError as error:
-            return error.code, error.read().decode("utf-8", "replace")[:200], time.monotonic() - started
+            text = error.read().decode("utf-8", "replace")
+            try:
+                answer = json.loads(text)
+            except ValueError:
+                answer = {"error": text[:200]}
+            return error.code, answer, time.monotonic() - started
 
     def memory_mib(self) -> float:
         """Resident memory of the server and its child processes."""

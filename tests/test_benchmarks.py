@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
-from benchmarks import report
+from benchmarks import report, serving_tools
 from benchmarks.measure import (
     batch_step_seconds,
     compile_sweep,
@@ -187,3 +188,14 @@ def test_bench_check_flags_a_fallen_ratio(tmp_path) -> None:  # type: ignore[no-
     slower_schemas.write_text(json.dumps(table))
     with_slower = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(slower_schemas)]
     assert check.main(["--baseline", str(baseline), "--results", str(baseline), *with_slower]) == 1
+
+
+def test_serving_tools_report_is_the_committed_results_table() -> None:
+    """The vLLM first-answer benchmark (run in the vLLM environment) writes its table from its
+    JSON: the committed pair agree, and every row has both backends."""
+    results_folder = Path(__file__).parent.parent / "benchmarks" / "results"
+    results = json.loads((results_folder / "serving-tools.json").read_text())
+    assert serving_tools.to_markdown(results) == (results_folder / "serving-tools.md").read_text()
+    assert {(r["backend"], r["tools"]) for r in results["rows"]} == {
+        (backend, count) for backend in serving_tools.BACKENDS for count in serving_tools.TOOL_COUNTS
+    }

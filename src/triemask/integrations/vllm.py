@@ -54,8 +54,16 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..base import BoundedLRU
 from ..compiler import Compiler
-from ..schemas import DEFAULT_MIN_ENUM_VALUES, DEFAULT_MIN_UNION_BRANCHES, SchemaMatcher, dispatch, load_schema
+from ..schemas import (
+    DEFAULT_MIN_ENUM_VALUES,
+    DEFAULT_MIN_UNION_BRANCHES,
+    CompiledSchema,
+    SchemaMatcher,
+    dispatch,
+    load_schema,
+)
 from .serving.compiled_sets import compile_registered, compiled_sets_for_model, hf_vocabulary
 from .serving.requests import log_unenforced, validate_request
 from .serving.rows import BatchRows, SlotStates
@@ -174,6 +182,9 @@ ENABLE_ENV = "TRIEMASK_VLLM_BACKEND"
 """Set to ``1`` to serve vLLM's structured outputs through :class:`TriemaskBackend`."""
 SUPPORTED_VLLM = ("0.32.",)
 """The vLLM releases whose ``StructuredOutputManager`` this shim was read against."""
+SCHEMA_CACHE_BYTES = 256 << 20
+"""Bytes of compiled schemas :class:`TriemaskBackend` keeps by their text (an agent sends the
+same tools with every request; xgrammar's compiler keeps its grammars the same way)."""
 
 logger = logging.getLogger("vllm.triemask")  # (through vLLM's handlers, in every vLLM process)
 
@@ -257,31 +268,43 @@ class TriemaskBackend(XgrammarBackend):  # type: ignore[misc]
     def __post_init__(self) -> None:
         super().__post_init__()
         self._compilers: dict[frozenset[int], Compiler] = {}
+        self._schemas: BoundedLRU[tuple[str, frozenset[int]], CompiledSchema] = BoundedLRU(SCHEMA_CACHE_BYTES)
         self._lock = threading.Lock()
 
-    def _compiler(self, stop_token_ids: set[int] | None) -> Compiler:
+    def _compiler(self, stop_ids: frozenset[int]) -> Compiler:
         """The triemask compiler of this model's vocabulary, its EOS the request's stop tokens."""
-        key = frozenset(stop_token_ids or ())
         with self._lock:
-            found = self._compilers.get(key)
+            found = self._compilers.get(stop_ids)
             if found is None:
-                vocab = hf_vocabulary(self.tokenizer, self.vocab_size, eos_token_ids=sorted(key))
-                found = self._compilers[key] = Compiler(vocab)
+                vocab = hf_vocabulary(self.tokenizer, self.vocab_size, eos_token_ids=sorted(stop_ids))
+                found = self._compilers[stop_ids] = Compiler(vocab)
             return found
+
+    def _compiled_schema(self, grammar_spec: str, stop_ids: frozenset[int]) -> CompiledSchema | None:
+        """The schema compiled by triemask (kept by its text), or None where no trie helps."""
+        key = (grammar_spec, stop_ids)
+        with self._lock:
+            found = self._schemas.get(key)
+        if found is not None or not _trie_helps(grammar_spec):
+            return found
+        whitespace: dict[str, Any] = {"any_whitespace": not self.disable_any_whitespace}
+        if self.disable_any_whitespace:
+            whitespace["separators"] = (",", ":")
+        compiled = self._compiler(stop_ids).compile_json_schema(grammar_spec, unsupported="ignore", **whitespace)
+        if compiled.unenforced:
+            log_unenforced(compiled.unenforced)
+        with self._lock:
+            self._schemas.put(key, compiled, compiled.memory_bytes + len(grammar_spec))
+        return compiled
 
     def compile_grammar(
         self, request_type: Any, grammar_spec: str, stop_token_ids: set[int] | None = None
     ) -> StructuredOutputGrammar:
-        if request_type == StructuredOutputOptions.JSON and _trie_helps(grammar_spec):
-            whitespace: dict[str, Any] = {"any_whitespace": not self.disable_any_whitespace}
-            if self.disable_any_whitespace:
-                whitespace["separators"] = (",", ":")
-            compiled = self._compiler(stop_token_ids).compile_json_schema(
-                grammar_spec, unsupported="ignore", **whitespace
-            )
-            if compiled.unenforced:
-                log_unenforced(compiled.unenforced)
-            return TriemaskGrammar(SchemaMatcher(compiled, max_rollback=max(16, self.num_speculative_tokens + 1)))
+        if request_type == StructuredOutputOptions.JSON:
+            compiled = self._compiled_schema(grammar_spec, frozenset(stop_token_ids or ()))
+            if compiled is not None:
+                rollback = max(16, self.num_speculative_tokens + 1)
+                return TriemaskGrammar(SchemaMatcher(compiled, max_rollback=rollback))
         return super().compile_grammar(request_type, grammar_spec, stop_token_ids=stop_token_ids)
 
 

@@ -109,13 +109,17 @@ class CompiledSchema(SchemaEngine):
         compiler: SetCompiler,
         schema: Any,
         options: SchemaOptions = SchemaOptions(),  # noqa: B008 (immutable)
+        *,
+        owned: bool = False,
     ) -> None:
+        """``owned``: ``schema`` is already a loaded copy that nothing modifies (a union's
+        choice, made from this module's own copy), taken as it is instead of copied again."""
         require_xgrammar()
         import xgrammar
 
         started = time.perf_counter()
         self._options = options
-        self._schema = load_schema(schema)
+        self._schema = schema if owned else load_schema(schema)
         structural, sites, self._unenforced = dispatch(
             self._schema, options.min_enum_values, min_union_branches=options.min_union_branches
         )
@@ -235,7 +239,8 @@ class CompiledSchema(SchemaEngine):
                 chosen = self._unions[k].chosen(self._schema, branch)
                 assert self._union_compiler is not None  # (set wherever there is a union)
                 # (what it does not enforce was reported for the whole schema)
-                found = CompiledSchema(self._union_compiler, chosen, replace(self._options, unsupported="ignore"))
+                options = replace(self._options, unsupported="ignore")
+                found = CompiledSchema(self._union_compiler, chosen, options, owned=True)
                 self._choices.put((k, branch), found, found.memory_bytes)
             return found
 
