@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .automata import DEAD, DagAutomaton, TrieAutomaton, native_kernel
+from .automata import DEAD, DagAutomaton, TrieAutomaton, native_kernel, whole_characters
 from .base import ArgumentTypeError, StateError, integer, kernels
 from .schemas import CompiledSchema, SchemaMatcher
 
@@ -131,6 +131,26 @@ class Matcher(_Core):
             assert isinstance(automaton, DagAutomaton)
             return automaton.spell(self._tokens) if automaton.is_accepting(self._state) else None
         return self._automaton.value_of(self._state)
+
+    def find_jump_forward_string(self) -> str | bytes:
+        """What every continuation from here begins with (xgrammar's name): the bytes a
+        decoding loop may append without asking the model (jump-forward decoding), ``str``
+        where the automaton's values are ``str`` (then its longest whole-UTF-8 prefix, ``""``
+        inside a character, as xgrammar answers), else ``bytes``; empty where a value may end
+        or the next byte is open, and once terminated.
+
+        Examples
+        --------
+        >>> from triemask import Compiler, Matcher, Vocabulary
+        >>> vocab = Vocabulary([bytes([b]) for b in range(128)] + [None], eos_token_ids=128)
+        >>> matcher = Matcher(Compiler(vocab).compile(["get_user", "get_item"]))
+        >>> matcher.find_jump_forward_string()
+        'get_'
+        >>> matcher.accept_tokens(b"get_u"), matcher.find_jump_forward_string()
+        (5, 'ser')
+        """
+        forced = self._automaton.forced_bytes(self._state)
+        return whole_characters(forced) if self._automaton.values_are_str else forced
 
     def _accept_token_reference(self, token_id: int) -> bool:
         # accept_token (the C one defers here for anything but an exact int it can look up)

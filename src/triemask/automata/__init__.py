@@ -3,6 +3,7 @@ lookups, fills, stats, files. Imports ``base`` and ``vocab``."""
 
 from .core import DEAD, AutomatonMeta
 from .dag import DagAutomaton
+from .forced import whole_characters
 from .lazy import DEFAULT_CACHE_BYTES, LAZY_BLOCK, LAZY_DEAD, LAZY_TERMINAL, LazyTrieAutomaton
 from .protocol import Automaton
 from .trie import TrieAutomaton, automaton_from_bytes, native_kernel, restore_parts, restore_stored
@@ -24,4 +25,5 @@ __all__ = [
     "native_kernel",
     "restore_parts",
     "restore_stored",
+    "whole_characters",
 ]

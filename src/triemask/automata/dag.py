@@ -20,6 +20,7 @@ from ..base import (
 )
 from .checks import STORED_DTYPES, expect_dtype, expect_within, spells_utf8, stored_arguments
 from .core import DEAD, AutomatonMeta, state_index
+from .forced import ForcedChains
 from .trie import TrieAutomaton
 
 
@@ -41,7 +42,7 @@ class DagAutomaton(TrieAutomaton):
     has 22**32 spellings), ``value(i)`` the ``i``-th of them in byte order.
     """
 
-    __slots__ = ("_counts", "_dag", "_out_edges", "_pattern", "_spell_flat", "_spell_ids", "_spell_offsets")
+    __slots__ = ("_chains", "_counts", "_dag", "_out_edges", "_pattern", "_spell_flat", "_spell_ids", "_spell_offsets")
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class DagAutomaton(TrieAutomaton):
         # computed on first use (value counts and indexing only): idempotent, so thread-safe
         self._counts: list[int] | None = None
         self._out_edges: list[list[tuple[int, int]]] | None = None
+        self._chains: ForcedChains | None = None
 
     _kind: ClassVar[str] = "dag"
     _DAG_ARRAYS: ClassVar[tuple[str, ...]] = ("in_offsets", "source", "byte", "dest", "accepting", "level_offsets")
@@ -135,6 +137,23 @@ class DagAutomaton(TrieAutomaton):
             **stored_arguments(cls, arrays),
             meta=AutomatonMeta.from_file(meta),
         )
+
+    def forced_bytes(self, state: int) -> bytes:
+        """The bytes every string of the language continuing from ``state`` begins with (see
+        :meth:`TrieAutomaton.forced_bytes`): the byte automaton's run of nodes with one edge."""
+        node = self._node(state)
+        if node == self._num_nodes:
+            return b""
+        return self._dag_chains().forced(node)
+
+    def _dag_chains(self) -> ForcedChains:
+        if self._chains is None:  # (idempotent: either thread's arrays may be kept)
+            dag = self._dag
+            self._chains = ForcedChains.of_edges(self._num_nodes, dag.source, dag.byte, dag.dest, dag.accepting)
+        return self._chains
+
+    def _forced_nodes(self) -> int:
+        return self._dag_chains().forced_nodes
 
     @property
     def set_fingerprint(self) -> str:

@@ -123,6 +123,7 @@ class LazyTrieAutomaton(TrieAutomaton):
         self._width = bitmask_width(meta.vocab_size)
         self._compiler = None if compiler is None else weakref.ref(compiler)
         self._set_fingerprint = set_fingerprint
+        self._forced = None  # (the eager layout's table; this layout walks instead)
         self._dense_nodes = np.zeros(0, dtype=np.int32)  # no rows stored whole: the cache holds them
         for array in self._arrays():
             array.flags.writeable = False
@@ -369,6 +370,24 @@ class LazyTrieAutomaton(TrieAutomaton):
             result[start : start + _CHUNK] = self._child_blocks[part // LAZY_BLOCK] + within
         return result
 
+    def forced_bytes(self, state: int) -> bytes:
+        """The bytes every continuation from ``state`` begins with (see
+        :meth:`TrieAutomaton.forced_bytes`), walked down the value trie's one-child nodes (no
+        table: the lazy layout keeps its three bytes a node)."""
+        node = self._node(state)
+        forced = bytearray()
+        while node < self._num_nodes and self._node_word[node] & (LAZY_TERMINAL | LAZY_COUNT) == 1:
+            node = int(self._first_children(np.array([node], dtype=np.int64))[0])
+            forced.append(int(self._node_byte[node]))
+        return bytes(forced)
+
+    def _prefix(self, node: int) -> bytes:
+        spelled = bytearray()
+        while node > 0:
+            spelled.append(int(self._node_byte[node]))
+            node = self._parent(node)
+        return bytes(reversed(spelled))
+
     def _terminal_value(self, node: int) -> int:
         """The sorted index of the value ending at terminal node ``node``."""
         base = node & ~(LAZY_BLOCK - 1)
@@ -502,6 +521,7 @@ class LazyTrieAutomaton(TrieAutomaton):
             "value_bytes": value_bytes,
             "trie_nodes": self._num_nodes - 1,
             "prefix_sharing_ratio": (self._num_nodes - 1) / value_bytes if value_bytes else 0.0,
+            "forced_nodes": int(np.count_nonzero(self._node_word & (LAZY_TERMINAL | LAZY_COUNT) == 1)),
             "max_depth": len(self._level_offsets) - 2,
             "states": self.num_states,
             "trie_bytes": sum(a.nbytes for a in self._arrays()),

@@ -50,6 +50,7 @@ from .core import (
     set_bits,
     state_index,
 )
+from .forced import TrieChains
 
 _Automaton = TypeVar("_Automaton", bound="TrieAutomaton")
 
@@ -81,6 +82,7 @@ class TrieAutomaton(AutomatonBase):
         "_edge_offsets",
         "_edge_offsets_view",
         "_edge_tokens",
+        "_forced",
         "_level_offsets",
         "_meta",
         "_num_nodes",
@@ -123,6 +125,7 @@ class TrieAutomaton(AutomatonBase):
         self._width = bitmask_width(meta.vocab_size)
         self._compiler = None if compiler is None else weakref.ref(compiler)
         self._set_fingerprint: str | None = None  # computed on first use
+        self._forced: TrieChains | None = None  # built on the first find_jump_forward_string
         # the rows of the nodes allowing half a row's worth of tokens, derived (the nodes are
         # saved, the rows never)
         self._dense_nodes, self._dense_rows = dense_rows(
@@ -406,6 +409,28 @@ class TrieAutomaton(AutomatonBase):
             f"state {state!r} is not a state of this automaton: expected DEAD (-1) or "
             f"0 <= state < num_states={self.num_states}"
         )
+
+    def forced_bytes(self, state: int) -> bytes:
+        """The bytes every continuation from ``state`` begins with (jump-forward decoding:
+        :meth:`triemask.Matcher.find_jump_forward_string`); ``b""`` where a value may end, the
+        next byte is open, or in a final or DEAD state. The first call builds the trie's
+        forced chains (five bytes a node, :meth:`stats`' ``forced_nodes``)."""
+        node = self._node(state)
+        return b"" if node == self._num_nodes else self._trie_chains().chains.forced(node)
+
+    def _forced_nodes(self) -> int:
+        """How many nodes force their next byte (one edge, no value ending there)."""
+        return self._trie_chains().chains.forced_nodes
+
+    def _prefix(self, node: int) -> bytes:
+        """The bytes that spell trie node ``node``."""
+        return self._trie_chains().prefix(node)
+
+    def _trie_chains(self) -> TrieChains:
+        found = self._forced
+        if found is None:  # (two threads may both build it: the same arrays, either kept)
+            found = self._forced = TrieChains.of_values(self._value_flat, self._value_starts, self._num_nodes)
+        return found
 
     def allowed_token_ids(self, state: int) -> npt.NDArray[np.int32]:
         """Ids of the tokens allowed in ``state``, ascending (EOS included when allowed).
@@ -759,7 +784,9 @@ class TrieAutomaton(AutomatonBase):
         """Structure of the automaton.
 
         ``prefix_sharing_ratio`` is the paper's r = trie nodes (root excluded) /
-        total bytes of the distinct values; ``valid_by_depth`` gives, for each
+        total bytes of the distinct values; ``forced_nodes`` the nodes whose next byte is
+        forced (one child, no value ending there: what jump-forward decoding skips; counting
+        them builds :meth:`forced_bytes`' table, ten bytes a node); ``valid_by_depth`` gives, for each
         depth, the number of nodes and the mean and max number of allowed tokens
         (EOS included) as in the paper's Table 15.
         """
@@ -788,6 +815,7 @@ class TrieAutomaton(AutomatonBase):
             "edges": int(self._edge_offsets[-1]),
             "mask_words": count_words(self._edge_tokens, self._edge_offsets[: n + 1]),
             "rows_stored_whole": len(self._dense_nodes),
+            "forced_nodes": self._forced_nodes(),
             "memory_bytes": self.memory_bytes,
             "compile_seconds": self._meta.compile_seconds,
             "eos": self._meta.eos,

@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from ..base import ArgumentTypeError, StateError, ValueIndexError, as_bitmask_array, values_fingerprint
 from .core import DEAD, set_bits, state_index
+from .forced import forced_in_sorted
 from .trie import TrieAutomaton
 
 _EMPTY: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
@@ -31,6 +32,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         "_compact",
         "_compact_lock",
         "_delta",
+        "_keys",
         "_order",
         "_override_nodes",
         "_overrides",
@@ -62,6 +64,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         self._set_fingerprint = None
         self._kernel = None
         self._order: list[Any] | None = None  # the merged sorted values, made on first use
+        self._keys: list[bytes] | None = None  # their bytes, for find_jump_forward_string
         self._compact: TrieAutomaton | None = None
         self._compact_lock = threading.Lock()
 
@@ -310,6 +313,21 @@ class UpdatedTrieAutomaton(TrieAutomaton):
                 merged = sorted(kept + list(self._added), key=lambda v: v.encode() if isinstance(v, str) else v)
                 self._order = merged
             return list(self._order)
+
+    def forced_bytes(self, state: int) -> bytes:
+        """The bytes every continuation from ``state`` begins with (see
+        :meth:`TrieAutomaton.forced_bytes`): the common prefix of the updated set's values that
+        begin with the state's prefix (read from whichever part is still in a node)."""
+        base, delta = self._split(state)
+        if base >= 0 and base < self._base.num_nodes:
+            prefix = self._base._prefix(base)
+        elif delta >= 0 and self._delta is not None and delta < self._delta.num_nodes and base < 0:
+            prefix = self._delta._prefix(delta)
+        else:
+            return b""  # final or DEAD
+        if self._keys is None:
+            self._keys = [v.encode() if isinstance(v, str) else v for v in self.values()]
+        return forced_in_sorted(self._keys, prefix)
 
     def value(self, index: int) -> str | bytes:
         index = state_index(index, "value indices")

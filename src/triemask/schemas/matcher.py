@@ -12,11 +12,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ..automata import whole_characters
 from ..base import ArgumentTypeError, StateError, as_bitmask_array, bitmask_width, integer, kernels, unpack_bitmask
 from .compiled import CompiledSchema
 from .json_lexer import LEX_OUT, LEX_REFUSED
 from .structure import STRUCT, Configuration
 from .support import handles_usable
+
+MAX_JUMP_BYTES = 1 << 16
+"""The longest forced string :meth:`SchemaMatcher.find_jump_forward_string` looks for."""
 
 # --------------------------------------------------------------------------- matcher
 
@@ -204,8 +208,43 @@ class SchemaMatcher(_Core):
         self._lexer = LEX_OUT
         self._filled = None
 
+    def find_jump_forward_string(self) -> str:
+        """What every continuation of the output from here begins with (xgrammar's name): text
+        a decoding loop may append without asking the model (jump-forward decoding), as its
+        longest whole-UTF-8 prefix (``""`` inside a character, as xgrammar answers). Found on a
+        fork by the masks themselves, so across the structure, enum values and the boundaries
+        between them alike: while EOS is not allowed and every allowed token begins with one
+        byte, that byte is forced and the fork takes it as a single-byte token. Stops short of
+        the whole forced string (never past it) where the vocabulary has no token for the
+        forced byte alone, and after :data:`MAX_JUMP_BYTES`."""
+        tables = self._schema._support.jump_tables
+        eos = self._schema.eos_token_ids
+        probe = self._fork(history=False)
+        row = np.zeros((1, self._schema._support.width), dtype=np.int32)
+        words = row[0]
+        forced = bytearray()
+        while len(forced) < MAX_JUMP_BYTES:
+            probe.fill_next_token_bitmask(row)
+            allowed = np.flatnonzero(words)
+            if not len(allowed) or any(int(words[e >> 5]) >> (e & 31) & 1 for e in eos):
+                break
+            word = int(words[allowed[0]])
+            token = 32 * int(allowed[0]) + (word & -word).bit_length() - 1  # the lowest allowed id
+            byte = int(tables.first_byte[token])
+            if byte < 0 or (words & ~tables.starting[byte]).any():
+                break  # (another first byte is allowed too)
+            single = int(tables.single[byte])
+            if single < 0 or not probe.accept_token(single):
+                break
+            forced.append(byte)
+        return whole_characters(bytes(forced))
+
     def copy(self) -> SchemaMatcher:
         """An independent matcher in the same state, with the same rollback history."""
+        return self._fork(history=True)
+
+    def _fork(self, *, history: bool) -> SchemaMatcher:
+        """An independent matcher in the same state, with this one's rollback history or none."""
         forks: dict[int, Any] = {}
 
         def fork(matcher: Any) -> Any:
@@ -223,9 +262,9 @@ class SchemaMatcher(_Core):
         clone._history = deque(
             (
                 (copied(configs), length, lexer, None if advanced is None else fork(advanced))
-                for configs, length, lexer, advanced in self._history
+                for configs, length, lexer, advanced in (self._history if history else ())
             ),
-            maxlen=self._history.maxlen,
+            maxlen=self._history.maxlen if history else 0,
         )
         clone._output = bytearray(self._output)
         clone._lexer = self._lexer

@@ -197,6 +197,24 @@ class VocabularySupport:
         self._lock = threading.Lock()
 
     @cached_property
+    def jump_tables(self) -> JumpTables:
+        """What :meth:`SchemaMatcher.find_jump_forward_string` probes with (built on first use)."""
+        lengths, offsets, data = self.vocab.byte_table()
+        ids = np.flatnonzero(lengths > 0)
+        first = np.frombuffer(data, dtype=np.uint8)[offsets[ids]] if len(ids) else np.zeros(0, np.uint8)
+        first_byte = np.full(self.vocab.vocab_size, -1, dtype=np.int16)
+        first_byte[ids] = first
+        starting = np.zeros((256, self.width), dtype=np.int32)
+        flat = starting.reshape(-1).view(np.uint32)
+        np.bitwise_or.at(
+            flat, first.astype(np.int64) * self.width + (ids >> 5), np.uint32(1) << (ids & 31).astype(np.uint32)
+        )
+        single = np.full(256, -1, dtype=np.int64)
+        ones = ids[lengths[ids] == 1][::-1]  # (the smallest id written last)
+        single[first[lengths[ids] == 1][::-1]] = ones
+        return JumpTables(first_byte, starting, single)
+
+    @cached_property
     def token_ids(self) -> dict[bytes, int]:
         """The first id of each token's bytes (for the pieces of the first trie field)."""
         ids: dict[bytes, int] = {}
@@ -306,6 +324,17 @@ class VocabularySupport:
         built = Pieces(self, first, last)
         with self._lock:
             return self._pieces.setdefault(key, built)
+
+
+@dataclass(frozen=True)
+class JumpTables:
+    """A vocabulary's tables for finding forced bytes with masks: each token's first byte (-1:
+    none), for each byte the bitmask row of the tokens that begin with it (256 rows: 4.8 MB
+    for a 151K vocabulary), and each byte's single-byte token (-1: none)."""
+
+    first_byte: npt.NDArray[np.int16]
+    starting: npt.NDArray[np.int32]
+    single: npt.NDArray[np.int64]
 
 
 _SUPPORT: BoundedLRU[str, VocabularySupport] = BoundedLRU(4)  # by vocabulary fingerprint
