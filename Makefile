@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving bench-serving-tools bench-storm lint typecheck bench bench-quick bench-check bench-large bench-hierarchy bench-lifecycle clean
+.PHONY: demo eval test test-asan test-peers test-model test-vllm bench-serving bench-serving-tools bench-jump-forward bench-storm lint typecheck bench bench-quick bench-check bench-large bench-hierarchy bench-lifecycle clean
 
 # The package registries sometimes drop a download midway: pip resumes it (PIP_RESUME_RETRIES,
 # pip 25.1 and newer; older pips ignore it) and a failed install is run again after a pause.
@@ -101,6 +101,10 @@ bench-serving: $(VLLM_VENV)/.installed $(VENV)/.installed-demo
 
 # Hostile requests while good constrained ones run, against vLLM's OpenAI server on SmolLM2-135M
 # (docs/serving.md, "Limits and failures"; about 2 minutes).
+# Jump-forward decoding on the embedded SmolLM2 (CPU; about 10 minutes).
+bench-jump-forward: $(VENV)/.installed-test $(VENV)/.installed-demo
+	$(PY) -m benchmarks.jump_forward --out benchmarks/results
+
 bench-serving-tools: $(VLLM_VENV)/.installed $(VENV)/.installed-demo
 	$(PY) -c "import triemask; triemask.load_default_model()"
 	$(VLLM_VENV)/bin/python -m benchmarks.serving_tools --out benchmarks/results

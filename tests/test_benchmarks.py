@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from benchmarks import report, serving_tools
+from benchmarks import jump_forward, report, serving_tools
 from benchmarks.measure import (
     batch_step_seconds,
     compile_sweep,
@@ -199,3 +199,11 @@ def test_serving_tools_report_is_the_committed_results_table() -> None:
     assert {(r["backend"], r["tools"]) for r in results["rows"]} == {
         (backend, count) for backend in serving_tools.BACKENDS for count in serving_tools.TOOL_COUNTS
     }
+
+
+def test_jump_forward_report_is_the_committed_results_table() -> None:
+    """The SmolLM2 jump-forward benchmark writes its table from its JSON: the committed pair agree."""
+    results_folder = Path(__file__).parent.parent / "benchmarks" / "results"
+    results = json.loads((results_folder / "jump-forward.json").read_text())
+    assert jump_forward.to_markdown(results) == (results_folder / "jump-forward.md").read_text()
+    assert [r["task"] for r in results["rows"]] == [t["task"] for t in jump_forward._tasks(2)]

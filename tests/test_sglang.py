@@ -376,3 +376,37 @@ def test_tool_requests_with_many_tools_dispatch_to_triemask(sglang) -> None:  # 
         assert grammar.matcher.value == [{"name": "tool_3", "parameters": {"n": 7, "unit": "f"}}]
     few = json.dumps(_sglang_tool_schema(tools[:8]))
     assert backend.dispatch_json(few)[1] == "dispatch_json"  # below the threshold: xgrammar's, untouched
+
+
+def test_jump_forward_hooks_follow_sglangs_retokenization(sglang) -> None:  # type: ignore[no-untyped-def]
+    """SGLang's jump-forward: try_jump_forward gives the forced text, SGLang appends it to the
+    output and tokenizes the whole output again, jump_and_retokenize undoes the tokens past
+    the common prefix and accepts the new ones; the grammar then equals one fed the new ids."""
+    pytest.importorskip("xgrammar")
+    tokenizer = byte_level_tokenizer()
+    eos = tokenizer.eos_token_id  # type: ignore[attr-defined]
+    backend = sglang.adapter.TriemaskGrammarBackend(tokenizer, 300, {eos}, fallback=_XGrammarBackend(tokenizer, 300))
+    names = ["slack.get_user", "slack.get_users", "slack.send_message"] + [f"tool_{i:03d}" for i in range(300)]
+    schema = {"type": "object", "properties": {"name": {"enum": names}}, "required": ["name"]}
+    for grammar, typed in [
+        (backend.dispatch_regex("|".join(n.replace(".", "\\.") for n in names)), "s"),
+        (backend.dispatch_json(json.dumps(schema)), '{"name": "s'),
+    ]:
+        assert isinstance(grammar, sglang.adapter.TriemaskGrammar)
+        old_ids = tokenizer.encode(typed)  # type: ignore[attr-defined]
+        for token in old_ids:
+            grammar.accept_token(token)
+        helper = grammar.try_jump_forward(tokenizer)
+        assert helper is not None
+        text, state = grammar.jump_forward_str_state(helper)
+        assert text == "lack."
+        new_ids = tokenizer.encode(typed + text)  # type: ignore[attr-defined]
+        grammar.jump_and_retokenize(old_ids, new_ids, state)
+        fresh = grammar.copy()
+        for token in new_ids:
+            fresh.accept_token(token)
+        masks = [g.allocate_vocab_mask(300, 1, "cpu") for g in (grammar, fresh)]
+        for g, mask in zip((grammar, fresh), masks, strict=True):
+            g.fill_vocab_mask(mask, 0)
+        assert torch.equal(masks[0], masks[1])
+        assert grammar.try_jump_forward(tokenizer) is None  # "get_" or "send_message" comes next

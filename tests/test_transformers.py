@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import byte_level_tokenizer, real_compiler, real_vocabulary, tiny_causal_lm
+from conftest import byte_level_tokenizer, byte_vocabulary, real_compiler, real_vocabulary, tiny_causal_lm
+from triemask import Compiler
 from triemask.datasets import synthetic_tools
 
 torch = pytest.importorskip("torch")
@@ -343,3 +344,56 @@ def test_generate_json_and_the_processor_take_openai_request_fields() -> None:
     processor = TrieLogitsProcessor.from_request(compiler, tools=tools, tool_choice="required")
     assert isinstance(processor.automaton, triemask.CompiledTools)
     assert processor.automaton.tool_names == ["classify", "noop"]
+
+
+def test_jump_forward_appends_forced_text_and_keeps_answers_valid() -> None:
+    """triemask's own decoding loop: forced text goes in with the model's token (fewer forward
+    passes), every answer stays a member / valid JSON, greedy and sampled; the loop without
+    jumps takes one pass per token."""
+    pytest.importorskip("xgrammar")
+    import triemask
+    from triemask.integrations.transformers import generate_constrained
+
+    tokenizer = byte_level_tokenizer()
+    values = ["slack.get_user", "slack.get_users", "slack.send_message", "github.create_issue"]
+    prompts = ["Which tool?", "x", "A longer question"]
+    model = tiny_causal_lm(len(tokenizer), 0)  # type: ignore[arg-type]
+    compiler = compiler_for(model, tokenizer)
+    automaton = compiler.compile(values)
+    plain = generate_constrained(model, tokenizer, prompts, automaton, jump_forward=False, max_new_tokens=40)
+    jumped = generate_constrained(model, tokenizer, prompts, automaton, max_new_tokens=40)
+    for decoded in (*plain, *jumped):
+        assert decoded.text.decode() in values
+    assert all(d.forward_passes == len(d.tokens) and d.jumped_tokens == 0 for d in plain)
+    assert sum(d.forward_passes for d in jumped) < sum(d.forward_passes for d in plain)
+    assert all(d.forward_passes + d.jumped_tokens == len(d.tokens) for d in jumped)
+    torch.manual_seed(0)
+    sampled = generate_constrained(model, tokenizer, prompts, automaton, do_sample=True, temperature=0.7, top_p=0.9)
+    assert all(d.text.decode() in values for d in sampled)
+    sampled = triemask.choose(model, tokenizer, prompts, values, do_sample=True, top_k=0, jump_forward=True)
+    assert all(answer in values for answer in sampled)  # (top_k=0: generate's "off")
+    assert triemask.choose(model, tokenizer, prompts, values, jump_forward=True) == [d.text.decode() for d in jumped]
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"enum": values}, "arguments": {"type": "object", "properties": {"q": {"enum": ["a"]}}}},
+        "required": ["name", "arguments"],
+    }
+    answers = triemask.generate_json(model, tokenizer, prompts, schema, jump_forward=True, max_new_tokens=80)
+    assert all(a["name"] in values and a["arguments"] in ({}, {"q": "a"}) for a in answers)
+    compiled = compiler.compile_json_schema(schema, any_whitespace=False)
+    decoded = generate_constrained(model, tokenizer, prompts, compiled, max_new_tokens=80)
+    assert all(d.jumped_tokens >= len('{"name":') for d in decoded)  # the forced start, in the first pass
+
+
+def test_the_decoding_loop_refuses_what_it_does_not_do() -> None:
+    from triemask.integrations.transformers import generate_constrained
+
+    tokenizer = byte_level_tokenizer()
+    model = tiny_causal_lm(len(tokenizer), 0)  # type: ignore[arg-type]
+    automaton = compiler_for(model, tokenizer).compile(["a", "b"])
+    with pytest.raises(TypeError, match="num_beams"):
+        generate_constrained(model, tokenizer, ["x"], automaton, num_beams=2)
+    other = Compiler(byte_vocabulary()).compile(["a", "b"])
+    with pytest.raises(TypeError, match="another vocabulary"):
+        generate_constrained(model, tokenizer, ["x"], other)

@@ -37,7 +37,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from ..automata import TrieAutomaton
+from ..automata import TrieAutomaton, whole_characters
 from ..base import BoundedLRU, MemoryLimitError
 from ..compiler import Compiler
 from ..matcher import Matcher
@@ -74,6 +74,8 @@ logger = logging.getLogger("triemask")
 __all__ = ["TriemaskGrammar", "TriemaskGrammarBackend", "TriemaskLogitProcessor", "register"]
 
 _LOCK = threading.Lock()
+MAX_ROLLBACK_TOKENS = 200
+"""How many tokens a grammar can undo (SGLang's xgrammar grammars keep as many)."""
 _SETS: dict[tuple[int, int, str], CompiledSets] = {}  # per tokenizer, logits width and device
 # per request id, with the set cache it belongs to; processors are re-instantiated per batch
 _ROWS: BoundedLRU[str, tuple[Row, CompiledSets]] = BoundedLRU(1 << 16)
@@ -164,7 +166,9 @@ class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
     def __init__(self, automaton: TrieAutomaton | CompiledSchema) -> None:
         super().__init__()
         self.compiled = automaton
-        self.matcher: Any = Matcher(automaton)  # a SchemaMatcher for a compiled JSON schema
+        # a SchemaMatcher for a compiled JSON schema; the rollback depth of SGLang's xgrammar
+        # grammars (a jump's retokenization may undo the last tokens)
+        self.matcher: Any = Matcher(automaton, max_rollback=MAX_ROLLBACK_TOKENS)
 
     def accept_token(self, token: int) -> None:
         if not self.matcher.accept_token(int(token)):  # SGLang aborts the request on ValueError, as for xgrammar's
@@ -206,8 +210,26 @@ class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
     def copy(self) -> TriemaskGrammar:
         return TriemaskGrammar(self.compiled)
 
-    def try_jump_forward(self, tokenizer: Any) -> None:
-        return None  # no jump-forward: a constrained step is already a lookup
+    def try_jump_forward(self, tokenizer: Any) -> tuple[list[int], str] | None:
+        """SGLang's jump-forward hook: the text every continuation begins with, or None."""
+        forced = self.matcher.find_jump_forward_string()
+        text = forced if isinstance(forced, str) else whole_characters(forced)
+        return ([], text) if text else None
+
+    def jump_forward_str_state(self, helper: tuple[list[int], str]) -> tuple[str, int]:
+        return helper[1], -1
+
+    def jump_and_retokenize(self, old_output_ids: list[int], new_output_ids: list[int], next_state: int) -> None:
+        """After SGLang appended the jump's text and tokenized the output again: undo the
+        tokens past the common prefix of the old and new ids, accept the new ones."""
+        common = next(
+            (i for i, (old, new) in enumerate(zip(old_output_ids, new_output_ids, strict=False)) if old != new),
+            min(len(old_output_ids), len(new_output_ids)),
+        )
+        if common < len(old_output_ids):
+            self.matcher.rollback(len(old_output_ids) - common)
+        for token in new_output_ids[common:]:
+            self.accept_token(token)
 
 
 class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]

@@ -12,9 +12,13 @@ then one gather and one scatter, so the cost follows the allowed tokens, not the
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
+import weakref
 from collections.abc import Iterable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -24,12 +28,19 @@ from ..automata import DEAD, DagAutomaton, TrieAutomaton
 from ..base import ArgumentTypeError, BitmaskError, BoundedLRU, StateError, VocabularyError
 from ..cache import default_compile_cache
 from ..compiler import Compiler
+from ..matcher import Matcher
 from ..schemas import CompiledSchema, SchemaMatcher, allowed_token_rows, constraint_of_request
 from ..vocab import Vocabulary
 
 try:
     import torch
-    from transformers import LogitsProcessor, LogitsProcessorList
+    from transformers import (
+        LogitsProcessor,
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 except ImportError as error:  # pragma: no cover - exercised only without the extras
     raise ImportError(
         "triemask.integrations.transformers needs torch and transformers: "
@@ -37,9 +48,11 @@ except ImportError as error:  # pragma: no cover - exercised only without the ex
     ) from error
 
 __all__ = [
+    "Decoded",
     "TrieLogitsProcessor",
     "choose",
     "compiler_for",
+    "generate_constrained",
     "generate_json",
     "model_eos_token_ids",
     "render_prompt",
@@ -256,6 +269,7 @@ def _step(matcher: SchemaMatcher | None, token: int) -> SchemaMatcher | None:
 # per vocabulary fingerprint: the index is built once (a few models per process: bounded by count)
 _COMPILERS: BoundedLRU[str, Compiler] = BoundedLRU(8)
 _COMPILERS_LOCK = threading.Lock()
+_BY_TOKENIZER: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], Compiler]] = weakref.WeakKeyDictionary()
 
 
 def choose(
@@ -267,6 +281,7 @@ def choose(
     system: str | None = None,
     leading_space: bool = False,
     batch_size: int = 8,
+    jump_forward: bool = False,
     **generate_kwargs: Any,
 ) -> list[str]:
     """Ask ``model`` each prompt and return, for each, one member of ``values``.
@@ -285,6 +300,12 @@ def choose(
         start an answer with ``▁Paris``); the space is stripped from the result.
     batch_size : int
         Prompts per ``generate`` call (left-padded).
+    jump_forward : bool
+        Decode in triemask's own loop (:func:`generate_constrained`), one prompt at a time,
+        appending the text every value continuing from there shares (the rest of a name once
+        its prefix is unique) without a forward pass per token. The answers are members
+        either way; they may differ from plain greedy decoding, which can spell forced text
+        with other tokens than the tokenizer's.
     **generate_kwargs
         Passed to ``model.generate`` (greedy by default; ``do_sample=True`` samples).
         ``logits_processor`` entries run before the set constraint.
@@ -307,7 +328,7 @@ def choose(
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": longest + 1}  # a token spells >= 1 byte
     options.update(generate_kwargs)
     answers: list[str] = []
-    for index, row in enumerate(_constrained_rows(model, tokenizer, prompts, automaton, system, batch_size, options)):
+    for index, row in enumerate(_rows(model, tokenizer, prompts, automaton, system, batch_size, options, jump_forward)):
         value = spelled_value(automaton, row)
         if value is None:
             raise RuntimeError(
@@ -316,6 +337,24 @@ def choose(
             )
         answers.append(value[1:] if leading_space and value not in members else value)
     return answers
+
+
+def _rows(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    constraint: TrieAutomaton | CompiledSchema,
+    system: str | None,
+    batch_size: int,
+    options: dict[str, Any],
+    jump_forward: bool,
+) -> list[list[int]]:
+    """The generated token ids of each prompt: triemask's own loop with jump-forward, else
+    ``model.generate`` in batches."""
+    if jump_forward:
+        decoded = generate_constrained(model, tokenizer, prompts, constraint, system=system, **options)
+        return [d.tokens for d in decoded]
+    return _constrained_rows(model, tokenizer, prompts, constraint, system, batch_size, options)
 
 
 def _constrained_rows(
@@ -359,6 +398,7 @@ def generate_json(
     batch_size: int = 8,
     max_new_tokens: int = 256,
     any_whitespace: bool = False,
+    jump_forward: bool = False,
     **generate_kwargs: Any,
 ) -> list[Any]:
     """Ask ``model`` each prompt and return, for each, a parsed JSON object valid for
@@ -383,6 +423,10 @@ def generate_json(
         The budget per answer; an answer not complete within it raises.
     any_whitespace : bool
         Allow free whitespace between JSON tokens (default: xgrammar's compact layout).
+    jump_forward : bool
+        Decode in triemask's own loop (:func:`generate_constrained`), appending what the schema
+        forces (``{"name": "``, the rest of a tool name, ``", "arguments": {"query": "``) without
+        a forward pass per token; as for :func:`choose`.
     **generate_kwargs
         Passed to ``model.generate`` (greedy by default).
 
@@ -405,7 +449,7 @@ def generate_json(
     options.update(generate_kwargs)
     eos = model_eos_token_ids(model, tokenizer)
     answers: list[Any] = []
-    for index, row in enumerate(_constrained_rows(model, tokenizer, prompts, compiled, system, batch_size, options)):
+    for index, row in enumerate(_rows(model, tokenizer, prompts, compiled, system, batch_size, options, jump_forward)):
         matcher = SchemaMatcher(compiled)
         for token in row:
             if token in eos or not matcher.accept_token(token):
@@ -441,6 +485,187 @@ def _constraint(schema_or_tools: Any, response_format: Any, tools: Any, tool_cho
     return constraint.tools if constraint.tools is not None else constraint.schema
 
 
+@dataclass(frozen=True)
+class Decoded:
+    """One prompt's constrained generation by :func:`generate_constrained`."""
+
+    tokens: list[int]  # generated ids, EOS included where it came
+    text: bytes  # what they spell (EOS excluded)
+    forward_passes: int  # model calls, the prompt's included
+    jumped_tokens: int  # tokens appended without a forward pass of their own (jump-forward)
+    seconds: float
+
+
+# sampling options, and the value that leaves the scores as they are (generate's "off")
+_WARPERS = {
+    "temperature": (TemperatureLogitsWarper, 1.0),
+    "top_k": (TopKLogitsWarper, 0),
+    "top_p": (TopPLogitsWarper, 1.0),
+}
+_LOOP_OPTIONS = frozenset({"do_sample", "max_new_tokens", "logits_processor", *_WARPERS})
+
+
+def generate_constrained(
+    model: Any,
+    tokenizer: Any,
+    prompts: Sequence[str],
+    constraint: TrieAutomaton | CompiledSchema,
+    *,
+    jump_forward: bool = True,
+    system: str | None = None,
+    **options: Any,
+) -> list[Decoded]:
+    """Generate each prompt's answer under ``constraint`` in triemask's own decoding loop
+    (one prompt at a time, the model's KV cache kept), appending forced text in one forward
+    pass when ``jump_forward`` is on.
+
+    After each token, :meth:`~triemask.Matcher.find_jump_forward_string` gives the text every
+    continuation begins with; its tokenization by ``tokenizer`` (kept only where those tokens
+    spell it exactly: a SentencePiece encoder's leading space makes no jump) goes into the
+    next forward pass with the model's own token. Its last token only where no allowed token
+    reaches past the forced text: otherwise a token straddling the forced part and a free one
+    (``"user"`` forced, ``"users"`` the model's word) stays the model's to choose. Every token,
+    forced or chosen, is accepted by the matcher: outputs are members (valid JSON) either way;
+    greedy outputs may differ from decoding without jumps, where the model may spell forced
+    text with other tokens than the tokenizer's.
+
+    Parameters
+    ----------
+    constraint : TrieAutomaton or CompiledSchema
+        Compiled for this model's vocabulary (:func:`compiler_for`).
+    **options
+        ``max_new_tokens`` (default 256), ``do_sample`` (default greedy), ``temperature``,
+        ``top_k``, ``top_p``, ``logits_processor`` (run before the constraint). Beam search
+        and other ``generate`` options need ``model.generate``: :func:`choose` and
+        :func:`generate_json` with ``jump_forward=False``.
+    """
+    unknown = sorted(set(options) - _LOOP_OPTIONS)
+    if unknown:
+        raise ArgumentTypeError(
+            f"triemask's decoding loop takes {', '.join(sorted(_LOOP_OPTIONS))}; got {', '.join(unknown)} "
+            "(use jump_forward=False to decode with model.generate)"
+        )
+    vocab = compiler_for(model, tokenizer).vocab
+    if constraint.vocab_fingerprint != vocab.fingerprint:
+        raise ArgumentTypeError("the constraint was compiled for another vocabulary than this model's (compiler_for)")
+    sampling = bool(options.get("do_sample", False))
+    processors = LogitsProcessorList(list(options.get("logits_processor") or []))
+    # (as in generate: the processors, the constraint, then the warpers, which see allowed tokens only)
+    warpers = LogitsProcessorList(
+        [
+            warper(options[name])
+            for name, (warper, neutral) in _WARPERS.items()
+            if sampling and options.get(name) not in (None, neutral)
+        ]
+    )
+    loop = _Loop(
+        model,
+        tokenizer,
+        vocab,
+        frozenset(model_eos_token_ids(model, tokenizer)),
+        processors,
+        warpers,
+        sampling,
+        int(options.get("max_new_tokens", 256)),
+        jump_forward,
+    )
+    return [loop.decode(render_prompt(tokenizer, prompt, system), constraint) for prompt in prompts]
+
+
+@dataclass(frozen=True)
+class _Loop:
+    """What decoding each prompt of a :func:`generate_constrained` call shares."""
+
+    model: Any
+    tokenizer: Any
+    vocab: Vocabulary
+    eos: frozenset[int]
+    processors: Any  # run before the constraint
+    warpers: Any  # after it (temperature, top-k, top-p)
+    sampling: bool
+    budget: int  # max_new_tokens
+    jump_forward: bool
+
+    def decode(self, prompt: str, constraint: TrieAutomaton | CompiledSchema) -> Decoded:
+        started = time.perf_counter()
+        model, tokenizer = self.model, self.tokenizer
+        templated = getattr(tokenizer, "chat_template", None) is not None
+        sequence: list[int] = []
+        pending: list[int] = list(tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
+        matcher = Matcher(constraint, max_rollback=0)
+        generated: list[int] = []
+        passes = jumped = 0
+        past = None
+        # the KV cache's argument and output field: "cache" from transformers 5.x, before "past_key_values"
+        cache = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        with torch.no_grad():
+            while len(generated) < self.budget:
+                if self.jump_forward:
+                    taken = self._forced(matcher, self.budget - len(generated))
+                    pending += taken
+                    generated += taken
+                    jumped += len(taken)
+                    if len(generated) >= self.budget:
+                        break
+                out = model(input_ids=torch.tensor([pending], device=model.device), use_cache=True, **{cache: past})
+                passes += 1
+                past = getattr(out, cache)
+                sequence += pending
+                token = self._choose(out.logits[:, -1, :].float(), sequence, matcher)
+                generated.append(token)
+                pending = [token]
+                if token in self.eos or not matcher.accept_token(token):
+                    break
+        text = b"".join(self.vocab.token_bytes(t) or b"" for t in generated if t not in self.eos)
+        return Decoded(generated, text, passes, jumped, time.perf_counter() - started)
+
+    def _forced(self, matcher: Any, room: int) -> list[int]:
+        """The forced text's tokens, accepted by ``matcher`` (at most ``room``), but the last
+        where an allowed token reaches past the forced text from there: that token straddles
+        the forced part and a free one (``"user"`` forced, ``"users"`` a word), so the choice is
+        the model's, as it would have been without the jump."""
+        forced = _forced_tokens(self.tokenizer, self.vocab, matcher.find_jump_forward_string())[:room]
+        taken: list[int] = []
+        for i, token in enumerate(forced):
+            if i == len(forced) - 1 and self._straddled(matcher, token):
+                break
+            if not matcher.accept_token(token):  # (never expected: the text is forced)
+                break
+            taken.append(token)
+        return taken
+
+    def _straddled(self, matcher: Any, last: int) -> bool:
+        """Whether a token allowed now is longer than ``last``'s text (the forced text's rest)."""
+        lengths = self.vocab.byte_table()[0]
+        allowed = matcher.allowed_token_ids()
+        return bool((lengths[allowed[allowed < len(lengths)]] > lengths[last]).any())  # (EOS ids may lie past)
+
+    def _choose(self, scores: Any, sequence: list[int], matcher: Any) -> int:
+        """The next token: the processors, the constraint, the warpers, then greedy or a sample."""
+        so_far = torch.tensor([sequence], device=scores.device)
+        if self.processors:
+            scores = self.processors(so_far, scores)
+        keep = torch.zeros(scores.shape[-1], dtype=torch.bool)
+        keep[torch.from_numpy(matcher.allowed_token_ids().astype(np.int64))] = True
+        scores = scores.masked_fill(~keep.to(scores.device), float("-inf"))
+        if self.warpers:
+            scores = self.warpers(so_far, scores)
+        if self.sampling:
+            return int(torch.multinomial(torch.softmax(scores, dim=-1), 1)[0, 0])
+        return int(scores.argmax(dim=-1)[0])
+
+
+def _forced_tokens(tokenizer: Any, vocab: Vocabulary, forced: str | bytes) -> list[int]:
+    """``forced``'s tokens by ``tokenizer``, or none where they do not spell it exactly."""
+    if not forced:
+        return []
+    text = forced if isinstance(forced, str) else forced.decode("utf-8", "replace")
+    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    spelled = b"".join(vocab.token_bytes(t) or b"\x00" for t in ids if 0 <= t < len(vocab))
+    wanted = forced.encode() if isinstance(forced, str) else forced
+    return ids if spelled == wanted else []
+
+
 def _encode_left_padded(tokenizer: Any, batch: list[str]) -> Any:
     templated = getattr(tokenizer, "chat_template", None) is not None
     side = tokenizer.padding_side
@@ -454,16 +679,24 @@ def _encode_left_padded(tokenizer: Any, batch: list[str]) -> Any:
 def compiler_for(model: Any, tokenizer: Any) -> Compiler:
     """The :class:`~triemask.Compiler` for ``model``'s vocabulary (logits width, EOS
     tokens of its generation config), built once per vocabulary and reused."""
-    vocab = Vocabulary.from_huggingface(
-        tokenizer, vocab_size=_logits_width(model), eos_token_ids=model_eos_token_ids(model, tokenizer)
-    )
+    width, eos = _logits_width(model), model_eos_token_ids(model, tokenizer)
+    # the same tokenizer object again (a decoding loop per call): no new table of its tokens
+    # (0.3 s for a 49K vocabulary); its size in the key catches tokens added since
+    seen = (width, eos, len(tokenizer))
+    with _COMPILERS_LOCK:
+        known = _BY_TOKENIZER.get(tokenizer)
+    if known is not None and known[0] == seen:
+        return known[1]
+    vocab = Vocabulary.from_huggingface(tokenizer, vocab_size=width, eos_token_ids=eos)
     with _COMPILERS_LOCK:
         compiler = _COMPILERS.get(vocab.fingerprint)
-    if compiler is not None:
-        return compiler
-    compiler = Compiler(vocab)  # outside the lock: building an index takes a while
-    with _COMPILERS_LOCK:
-        return _COMPILERS.setdefault(vocab.fingerprint, compiler)
+    if compiler is None:
+        built = Compiler(vocab)  # outside the lock: building an index takes a while
+        with _COMPILERS_LOCK:
+            compiler = _COMPILERS.setdefault(vocab.fingerprint, built)
+    with _COMPILERS_LOCK, suppress(TypeError):  # (a tokenizer that takes no weak reference: not kept)
+        _BY_TOKENIZER[tokenizer] = (seen, compiler)
+    return compiler
 
 
 def render_prompt(tokenizer: Any, prompt: str, system: str | None) -> str:
