@@ -67,10 +67,6 @@ class ForcedChains:
         """How many nodes force their next byte."""
         return int(np.count_nonzero(self.only_next >= 0))
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.only_byte.nbytes + self.only_next.nbytes)
-
 
 @dataclass(frozen=True)
 class TrieChains:
@@ -99,10 +95,6 @@ class TrieChains:
             spelled.append(int(self.byte[node]))
             node = int(self.parent[node])
         return bytes(reversed(spelled))
-
-    @property
-    def nbytes(self) -> int:
-        return int(self.parent.nbytes + self.byte.nbytes + self.chains.nbytes)
 
 
 def forced_in_sorted(keys: list[bytes], prefix: bytes) -> bytes:

@@ -328,7 +328,9 @@ def choose(
     options: dict[str, Any] = {"do_sample": False, "max_new_tokens": longest + 1}  # a token spells >= 1 byte
     options.update(generate_kwargs)
     answers: list[str] = []
-    for index, row in enumerate(_rows(model, tokenizer, prompts, automaton, system, batch_size, options, jump_forward)):
+    for index, row in enumerate(
+        _constrained_rows(model, tokenizer, prompts, automaton, system, batch_size, options, jump_forward)
+    ):
         value = spelled_value(automaton, row)
         if value is None:
             raise RuntimeError(
@@ -339,7 +341,7 @@ def choose(
     return answers
 
 
-def _rows(
+def _constrained_rows(
     model: Any,
     tokenizer: Any,
     prompts: Sequence[str],
@@ -349,25 +351,12 @@ def _rows(
     options: dict[str, Any],
     jump_forward: bool,
 ) -> list[list[int]]:
-    """The generated token ids of each prompt: triemask's own loop with jump-forward, else
-    ``model.generate`` in batches."""
+    """The generated token ids of each prompt (chat template applied), every row constrained
+    by ``constraint``: ``model.generate`` in left-padded batches, or triemask's own loop with
+    jump-forward."""
     if jump_forward:
         decoded = generate_constrained(model, tokenizer, prompts, constraint, system=system, **options)
         return [d.tokens for d in decoded]
-    return _constrained_rows(model, tokenizer, prompts, constraint, system, batch_size, options)
-
-
-def _constrained_rows(
-    model: Any,
-    tokenizer: Any,
-    prompts: Sequence[str],
-    constraint: TrieAutomaton | CompiledSchema,
-    system: str | None,
-    batch_size: int,
-    options: dict[str, Any],
-) -> list[list[int]]:
-    """The generated token ids of each prompt (chat template applied, left-padded
-    batches), every row constrained by ``constraint``."""
     eos = model_eos_token_ids(model, tokenizer)
     options = dict(options)
     extra = list(options.pop("logits_processor", None) or [])
@@ -449,7 +438,9 @@ def generate_json(
     options.update(generate_kwargs)
     eos = model_eos_token_ids(model, tokenizer)
     answers: list[Any] = []
-    for index, row in enumerate(_rows(model, tokenizer, prompts, compiled, system, batch_size, options, jump_forward)):
+    for index, row in enumerate(
+        _constrained_rows(model, tokenizer, prompts, compiled, system, batch_size, options, jump_forward)
+    ):
         matcher = SchemaMatcher(compiled)
         for token in row:
             if token in eos or not matcher.accept_token(token):
