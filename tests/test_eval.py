@@ -148,6 +148,8 @@ def test_the_demo_answers_every_question_with_a_member(capsys: pytest.CaptureFix
     demo(limit=None)
     out = capsys.readouterr().out
     assert "valid answers: triemask 8/8" in out and "compiled 74,719 ICD-10-CM codes" in out
+    flowing = " ".join(out.split())  # (rich wraps lines at the console's width)
+    assert "tool calls with jump-forward" in flowing and "forward passes per call" in flowing
 
 
 def test_demo_and_eval_say_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

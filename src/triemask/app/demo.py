@@ -93,6 +93,14 @@ def valid_call(call: Any, specs: dict[str, dict[str, Any]]) -> bool:
     )
 
 
+def _parses(text: bytes) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def demo(limit: int | None = None) -> None:
     """Run the demo (``limit``: ask only the first questions)."""
     from rich.console import Console
@@ -107,7 +115,13 @@ def demo(limit: int | None = None) -> None:
     )
     from rich.table import Table
 
-    from ..integrations.transformers import compiler_for, generate_json, render_prompt, spelled_value
+    from ..integrations.transformers import (
+        compiler_for,
+        generate_constrained,
+        generate_json,
+        render_prompt,
+        spelled_value,
+    )
     from .model import load_default_model
     from .shared_prefix import SharedPrefixGenerator
 
@@ -178,6 +192,14 @@ def demo(limit: int | None = None) -> None:
             free = generator.generate(prompt, automaton=None, max_new_tokens=64).text.strip()
             calls.append((text, call, seconds, free))
             progress.advance(task)
+        task = phase("the same tool calls in triemask's own loop, without and with jump-forward")
+        jumps = {
+            jump: generate_constrained(
+                model, tokenizer, call_questions, tools, jump_forward=jump, system=CALL_SYSTEM, max_new_tokens=200
+            )
+            for jump in (False, True)
+        }
+        progress.remove_task(task)
 
     members = {name: set(values) for name, values in sets.items()}
     table = Table(title="The same prompt, without and with triemask", show_lines=True)
@@ -232,6 +254,18 @@ def demo(limit: int | None = None) -> None:
         f"valid calls: triemask {calls_valid}/{len(calls)}, unconstrained {free_calls_valid}/{len(calls)}"
     )
 
+    def summary(decoded: list[Any]) -> str:
+        complete = [json.loads(d.text) for d in decoded if _parses(d.text)]
+        return (
+            f"{sum(d.forward_passes for d in decoded) / len(decoded):.1f} forward passes per call, "
+            f"{sum(d.seconds for d in decoded):.1f} s, {sum(valid_call(c, by_name) for c in complete)}/{len(decoded)} "
+            "complete and valid"
+        )
+
+    console.print(
+        f"tool calls with jump-forward (forced text appended in one pass): {summary(jumps[True])}; "
+        f"without: {summary(jumps[False])}"
+    )
     constrained_valid = sum(value is not None and value in members[q.set_name] for q, value, _ in rows)
     free_valid = sum(answer_line(free) in members[q.set_name] for q, _, free in rows)
     correct = sum(value == q.expected for q, value, _ in rows)
