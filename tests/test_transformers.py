@@ -397,3 +397,16 @@ def test_the_decoding_loop_refuses_what_it_does_not_do() -> None:
     other = Compiler(byte_vocabulary()).compile(["a", "b"])
     with pytest.raises(TypeError, match="another vocabulary"):
         generate_constrained(model, tokenizer, ["x"], other)
+
+
+def test_compiler_for_takes_tokenizers_that_cannot_be_kept() -> None:
+    """A tokenizer that takes no weak reference or hash: its compiler is found by its
+    vocabulary instead, every call."""
+    tokenizer = byte_level_tokenizer()
+    model = tiny_causal_lm(len(tokenizer), 0)  # type: ignore[arg-type]
+
+    class Unhashable(type(tokenizer)):  # type: ignore[misc]
+        __hash__ = None  # type: ignore[assignment]
+
+    tokenizer.__class__ = Unhashable
+    assert compiler_for(model, tokenizer) is compiler_for(model, tokenizer)

@@ -674,7 +674,8 @@ def compiler_for(model: Any, tokenizer: Any) -> Compiler:
     # the same tokenizer object again (a decoding loop per call): no new table of its tokens
     # (0.3 s for a 49K vocabulary); its size in the key catches tokens added since
     seen = (width, eos, len(tokenizer))
-    with _COMPILERS_LOCK:
+    known = None
+    with _COMPILERS_LOCK, suppress(TypeError):  # (a tokenizer that takes no weak reference or hash)
         known = _BY_TOKENIZER.get(tokenizer)
     if known is not None and known[0] == seen:
         return known[1]
@@ -685,7 +686,7 @@ def compiler_for(model: Any, tokenizer: Any) -> Compiler:
         built = Compiler(vocab)  # outside the lock: building an index takes a while
         with _COMPILERS_LOCK:
             compiler = _COMPILERS.setdefault(vocab.fingerprint, built)
-    with _COMPILERS_LOCK, suppress(TypeError):  # (a tokenizer that takes no weak reference: not kept)
+    with _COMPILERS_LOCK, suppress(TypeError):  # (likewise: not kept)
         _BY_TOKENIZER[tokenizer] = (seen, compiler)
     return compiler
 
