@@ -42,19 +42,16 @@ from ..base import BoundedLRU, MemoryLimitError
 from ..compiler import Compiler
 from ..matcher import Matcher
 from ..schemas import (
-    DEFAULT_MIN_ENUM_VALUES,
-    DEFAULT_MIN_UNION_BRANCHES,
     TOO_DEEP,
     CompiledSchema,
     SchemaMatcher,
-    dispatch,
     dispatched_cost,
     load_schema,
 )
 from ..sets import dag_of_pattern
 from .serving.compiled_sets import CompiledSets, compile_registered, hf_vocabulary
 from .serving.limits import FORMAT_ARG, REGEX_ARG, SET_ARG, VALUES_ARG, Limits
-from .serving.requests import literal_alternatives, log_unenforced, requested_pattern, requested_values
+from .serving.requests import engine_dispatch, literal_alternatives, log_unenforced, requested_pattern, requested_values
 from .serving.rows import Row, catch_up_rows, mask_rows
 
 try:
@@ -306,9 +303,7 @@ class TriemaskGrammarBackend(BaseGrammarBackend):  # type: ignore[misc]
                 return _INVALID_GRAMMAR
             return self._other().dispatch_json(key_string)
         try:
-            structural, sites, _ = dispatch(
-                schema, DEFAULT_MIN_ENUM_VALUES, min_union_branches=DEFAULT_MIN_UNION_BRANCHES
-            )
+            structural, sites, _ = engine_dispatch(schema)
             if not sites:
                 return self._other().dispatch_json(key_string)
             if len(key_string.encode("utf-8", "surrogatepass")) > self.limits.max_set_bytes:

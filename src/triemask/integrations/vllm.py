@@ -57,15 +57,12 @@ from typing import Any
 from ..base import BoundedLRU
 from ..compiler import Compiler
 from ..schemas import (
-    DEFAULT_MIN_ENUM_VALUES,
-    DEFAULT_MIN_UNION_BRANCHES,
     CompiledSchema,
     SchemaMatcher,
-    dispatch,
     load_schema,
 )
 from .serving.compiled_sets import compile_registered, compiled_sets_for_model, hf_vocabulary
-from .serving.requests import log_unenforced, validate_request
+from .serving.requests import engine_dispatch, log_unenforced, validate_request
 from .serving.rows import BatchRows, SlotStates
 
 try:
@@ -312,12 +309,7 @@ def _trie_helps(grammar_spec: str) -> bool:
     """Whether a JSON schema holds an enum or a discriminated union large enough for a trie
     (anything triemask cannot read stays xgrammar's, which reports it as vLLM does)."""
     try:
-        _, sites, _ = dispatch(
-            load_schema(grammar_spec),
-            DEFAULT_MIN_ENUM_VALUES,
-            min_union_branches=DEFAULT_MIN_UNION_BRANCHES,
-            patterns=False,
-        )
+        _, sites, _ = engine_dispatch(load_schema(grammar_spec), patterns=False)
     except Exception:
         return False
     return bool(sites)

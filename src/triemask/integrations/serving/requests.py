@@ -116,6 +116,15 @@ class SchemaRequest:
 logger = logging.getLogger("triemask")
 
 
+def engine_dispatch(
+    schema: dict[str, Any], *, patterns: bool = True
+) -> tuple[dict[str, Any], list[Any], tuple[str, ...]]:
+    """:func:`~triemask.schemas.dispatch` at the thresholds every engine adapter compiles with
+    (enums of ``DEFAULT_MIN_ENUM_VALUES`` values, unions of ``DEFAULT_MIN_UNION_BRANCHES``
+    branches): one reading for vLLM's admission, its structured-output backend and SGLang's."""
+    return dispatch(schema, DEFAULT_MIN_ENUM_VALUES, min_union_branches=DEFAULT_MIN_UNION_BRANCHES, patterns=patterns)
+
+
 @lru_cache(maxsize=1024)  # once per list of paths: a server sees the same tools again and again
 def log_unenforced(paths: tuple[str, ...]) -> None:
     """One log line for a schema or tool list served with keywords xgrammar does not enforce
@@ -167,9 +176,7 @@ def requested_schema(extra_args: Mapping[str, Any] | None, limits: Limits | None
             # empty enums and bad values, with their paths (no pattern automaton: those are the
             # engine's, so this front end's event loop never waits on one), and what the
             # engine's compile gives xgrammar (enums and unions at the engine's thresholds)
-            structural, sites, _ = dispatch(
-                loaded, DEFAULT_MIN_ENUM_VALUES, min_union_branches=DEFAULT_MIN_UNION_BRANCHES, patterns=False
-            )
+            structural, sites, _ = engine_dispatch(loaded, patterns=False)
             _price_structure(kind, "$", dispatched_cost(loaded, structural, sites), limits)
         else:
             if isinstance(given, str):
