@@ -240,3 +240,20 @@ def test_forced_string_of_a_schema_is_the_whole_schemas(name: str, any_whitespac
             if token == eos:
                 break
     assert jumps >= 10
+
+
+def test_a_long_forced_const_is_answered_in_bounded_pieces() -> None:
+    """A schema forcing a long string: each answer is at most MAX_JUMP_BYTES (a serving step
+    stays short) and appending the answers walks the whole forced text."""
+    from triemask.schemas.matcher import MAX_JUMP_BYTES
+
+    vocab = byte_vocabulary(MERGES)
+    long = "x" * (3 * MAX_JUMP_BYTES + 5)
+    compiled = Compiler(vocab).compile_json_schema({"const": long}, any_whitespace=False)
+    matcher = Matcher(compiled)
+    spelled = ""
+    while piece := matcher.find_jump_forward_string():
+        assert len(piece.encode()) <= MAX_JUMP_BYTES
+        assert matcher.accept_tokens(list(piece.encode())) == len(piece.encode())
+        spelled += piece
+    assert spelled == json.dumps(long)

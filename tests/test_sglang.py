@@ -410,3 +410,5 @@ def test_jump_forward_hooks_follow_sglangs_retokenization(sglang) -> None:  # ty
             g.fill_vocab_mask(mask, 0)
         assert torch.equal(masks[0], masks[1])
         assert grammar.try_jump_forward(tokenizer) is None  # "get_" or "send_message" comes next
+        with pytest.raises(ValueError, match="cannot retokenize"):  # more than it can undo: SGLang aborts it
+            grammar.jump_and_retokenize([1] * 300, [2], -1)

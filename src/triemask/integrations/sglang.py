@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..automata import TrieAutomaton, whole_characters
-from ..base import BoundedLRU, MemoryLimitError
+from ..base import BoundedLRU, MemoryLimitError, StateError
 from ..compiler import Compiler
 from ..matcher import Matcher
 from ..schemas import (
@@ -224,7 +224,10 @@ class TriemaskGrammar(BaseGrammarObject):  # type: ignore[misc]
             min(len(old_output_ids), len(new_output_ids)),
         )
         if common < len(old_output_ids):
-            self.matcher.rollback(len(old_output_ids) - common)
+            try:
+                self.matcher.rollback(len(old_output_ids) - common)
+            except StateError as error:  # (beyond MAX_ROLLBACK_TOKENS: SGLang aborts the request)
+                raise ValueError(f"triemask: cannot retokenize after a jump: {error}") from None
         for token in new_output_ids[common:]:
             self.accept_token(token)
 

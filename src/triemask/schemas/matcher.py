@@ -19,8 +19,10 @@ from .json_lexer import LEX_OUT, LEX_REFUSED
 from .structure import STRUCT, Configuration
 from .support import handles_usable
 
-MAX_JUMP_BYTES = 1 << 16
-"""The longest forced string :meth:`SchemaMatcher.find_jump_forward_string` looks for."""
+MAX_JUMP_BYTES = 1024
+"""The most :meth:`SchemaMatcher.find_jump_forward_string` answers at once (a decoding loop asks
+again after appending it): each byte is a mask fill on a fork, so a schema forcing a long
+``const`` never holds a serving engine's step for more than about 20 ms."""
 
 # --------------------------------------------------------------------------- matcher
 
