@@ -19,6 +19,7 @@ from oracle import strict_json_prefix
 from test_schemas import MERGES, SCHEMAS, UNIONS, reference_compiler
 from triemask import Compiler, Matcher, StateError
 from triemask.automata import whole_characters
+from triemask.schemas.matcher import MAX_JUMP_BYTES
 
 VOCAB = byte_vocabulary([b"ge", b"get", b"_us", b"user", b"et", b"er", b"use", b"\xf0\x9f", b"\xc3", b"\xa9a"])
 EOS = VOCAB.eos_token_ids[0]
@@ -245,8 +246,6 @@ def test_forced_string_of_a_schema_is_the_whole_schemas(name: str, any_whitespac
 def test_a_long_forced_const_is_answered_in_bounded_pieces() -> None:
     """A schema forcing a long string: each answer is at most MAX_JUMP_BYTES (a serving step
     stays short) and appending the answers walks the whole forced text."""
-    from triemask.schemas.matcher import MAX_JUMP_BYTES
-
     vocab = byte_vocabulary(MERGES)
     long = "x" * (3 * MAX_JUMP_BYTES + 5)
     compiled = Compiler(vocab).compile_json_schema({"const": long}, any_whitespace=False)
