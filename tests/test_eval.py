@@ -132,8 +132,13 @@ def test_a_whole_evaluation_on_a_tiny_model_keeps_every_constrained_answer_valid
         for example in table["examples"]:
             assert example["outcomes"]["PE + trie"]["prediction"] in labels and "thinking" in example
     assert results["table16"]["200"]["methods"]["trie"]["validity"] == 100
+    for table in (results["table6"]["trec"], results["table16"]["200"]):
+        jump = table["jump_forward"]
+        assert jump["answers"] == jump["same_answers"] == 3  # (verified drafts: the plain loop's answers)
+        assert 1 <= jump["passes_jump"] <= jump["passes_plain"]
     report = to_markdown(results)
     assert "| trec | 42 | 3 of 500 |" in report and "| 200 | 3 |" in report
+    assert "| tools 200 | 200 | 3 |" in report
     pytest.importorskip("matplotlib")
     import tempfile
 

@@ -348,8 +348,8 @@ def test_generate_json_and_the_processor_take_openai_request_fields() -> None:
 
 def test_jump_forward_appends_forced_text_and_keeps_answers_valid() -> None:
     """triemask's own decoding loop: forced text goes in with the model's token (fewer forward
-    passes), every answer stays a member / valid JSON, greedy and sampled; the loop without
-    jumps takes one pass per token."""
+    passes); verified drafts give exactly the greedy tokens of the loop without jumps, canonical
+    ones members / valid JSON; the prompts' shared start read once changes nothing."""
     pytest.importorskip("xgrammar")
     import triemask
     from triemask.integrations.transformers import generate_constrained
@@ -362,17 +362,24 @@ def test_jump_forward_appends_forced_text_and_keeps_answers_valid() -> None:
     automaton = compiler.compile(values)
     plain = generate_constrained(model, tokenizer, prompts, automaton, jump_forward=False, max_new_tokens=40)
     jumped = generate_constrained(model, tokenizer, prompts, automaton, max_new_tokens=40)
-    for decoded in (*plain, *jumped):
+    canonical = generate_constrained(model, tokenizer, prompts, automaton, jump_forward="canonical")
+    assert [d.tokens for d in jumped] == [d.tokens for d in plain]  # (the same spelling, EOS included)
+    for decoded in (*plain, *canonical):
         assert decoded.text.decode() in values
     assert all(d.forward_passes == len(d.tokens) and d.jumped_tokens == 0 for d in plain)
-    assert sum(d.forward_passes for d in jumped) < sum(d.forward_passes for d in plain)
-    assert all(d.forward_passes + d.jumped_tokens == len(d.tokens) for d in jumped)
+    for run in (jumped, canonical):
+        assert sum(d.forward_passes for d in run) < sum(d.forward_passes for d in plain)
+        assert all(d.forward_passes + d.jumped_tokens == len(d.tokens) for d in run)
+    alone = [generate_constrained(model, tokenizer, [p], automaton, max_new_tokens=40)[0] for p in prompts]
+    assert [d.tokens for d in alone] == [d.tokens for d in plain]  # (no shared start read apart)
     torch.manual_seed(0)
     sampled = generate_constrained(model, tokenizer, prompts, automaton, do_sample=True, temperature=0.7, top_p=0.9)
     assert all(d.text.decode() in values for d in sampled)
     sampled = triemask.choose(model, tokenizer, prompts, values, do_sample=True, top_k=0, jump_forward=True)
     assert all(answer in values for answer in sampled)  # (top_k=0: generate's "off")
-    assert triemask.choose(model, tokenizer, prompts, values, jump_forward=True) == [d.text.decode() for d in jumped]
+    assert triemask.choose(model, tokenizer, prompts, values, jump_forward=True) == [d.text.decode() for d in plain]
+    with pytest.raises(TypeError, match="'always'"):
+        generate_constrained(model, tokenizer, prompts, automaton, jump_forward="always")
 
     schema = {
         "type": "object",
@@ -382,8 +389,40 @@ def test_jump_forward_appends_forced_text_and_keeps_answers_valid() -> None:
     answers = triemask.generate_json(model, tokenizer, prompts, schema, jump_forward=True, max_new_tokens=80)
     assert all(a["name"] in values and a["arguments"] in ({}, {"q": "a"}) for a in answers)
     compiled = compiler.compile_json_schema(schema, any_whitespace=False)
+    plain = generate_constrained(model, tokenizer, prompts, compiled, jump_forward=False, max_new_tokens=80)
     decoded = generate_constrained(model, tokenizer, prompts, compiled, max_new_tokens=80)
+    assert [d.tokens for d in decoded] == [d.tokens for d in plain]
+    decoded = generate_constrained(model, tokenizer, prompts, compiled, jump_forward="canonical", max_new_tokens=80)
     assert all(d.jumped_tokens >= len('{"name":') for d in decoded)  # the forced start, in the first pass
+
+
+def test_verified_drafts_sample_the_models_distribution() -> None:
+    """Sampling with verified drafts (a draft token kept with its probability, else one drawn
+    from the others) spells the answers as often as sampling without jumps does; taking the
+    tokenizer's tokens instead ("canonical") shifts the spellings, which this measure sees."""
+    pytest.importorskip("xgrammar")
+    from collections import Counter
+
+    from triemask.integrations.transformers import generate_constrained
+
+    tokenizer = byte_level_tokenizer()
+    model = tiny_causal_lm(len(tokenizer), 1)  # type: ignore[arg-type]
+    automaton = compiler_for(model, tokenizer).compile(["get_users", "get_user", "is_us"])
+    prompts = ["x"] * 300
+
+    def spellings(jump_forward: bool | str, seed: int) -> Counter[tuple[int, ...]]:
+        torch.manual_seed(seed)
+        decoded = generate_constrained(model, tokenizer, prompts, automaton, jump_forward=jump_forward, do_sample=True)
+        return Counter(tuple(d.tokens) for d in decoded)
+
+    def distance(a: Counter[tuple[int, ...]], b: Counter[tuple[int, ...]]) -> float:
+        return sum(abs(a[k] - b[k]) for k in a.keys() | b.keys()) / 2 / len(prompts)
+
+    plain, again = spellings(False, 1), spellings(False, 2)
+    verified, canonical = spellings(True, 3), spellings("canonical", 4)
+    noise = distance(plain, again)
+    assert distance(plain, verified) < noise + 0.08
+    assert distance(plain, canonical) > noise + 0.2
 
 
 def test_the_decoding_loop_refuses_what_it_does_not_do() -> None:

@@ -12,13 +12,14 @@ then one gather and one scatter, so the cost follows the allowed tokens, not the
 
 from __future__ import annotations
 
+import copy
 import inspect
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -281,7 +282,7 @@ def choose(
     system: str | None = None,
     leading_space: bool = False,
     batch_size: int = 8,
-    jump_forward: bool = False,
+    jump_forward: bool | str = False,
     **generate_kwargs: Any,
 ) -> list[str]:
     """Ask ``model`` each prompt and return, for each, one member of ``values``.
@@ -300,12 +301,12 @@ def choose(
         start an answer with ``▁Paris``); the space is stripped from the result.
     batch_size : int
         Prompts per ``generate`` call (left-padded).
-    jump_forward : bool
+    jump_forward : bool or "canonical"
         Decode in triemask's own loop (:func:`generate_constrained`), one prompt at a time,
-        appending the text every value continuing from there shares (the rest of a name once
-        its prefix is unique) without a forward pass per token. The answers are members
-        either way; they may differ from plain greedy decoding, which can spell forced text
-        with other tokens than the tokenizer's.
+        putting the text every value continuing from there shares (the rest of a name once
+        its prefix is unique) in the forward pass of the model's next token: ``True``, the
+        answers are those of decoding without jumps, in fewer passes; ``"canonical"``, fewer
+        again, members still, but the model reads the tokenizer's spelling of that text.
     **generate_kwargs
         Passed to ``model.generate`` (greedy by default; ``do_sample=True`` samples).
         ``logits_processor`` entries run before the set constraint.
@@ -349,7 +350,7 @@ def _constrained_rows(
     system: str | None,
     batch_size: int,
     options: dict[str, Any],
-    jump_forward: bool,
+    jump_forward: bool | str,
 ) -> list[list[int]]:
     """The generated token ids of each prompt (chat template applied), every row constrained
     by ``constraint``: ``model.generate`` in left-padded batches, or triemask's own loop with
@@ -387,7 +388,7 @@ def generate_json(
     batch_size: int = 8,
     max_new_tokens: int = 256,
     any_whitespace: bool = False,
-    jump_forward: bool = False,
+    jump_forward: bool | str = False,
     **generate_kwargs: Any,
 ) -> list[Any]:
     """Ask ``model`` each prompt and return, for each, a parsed JSON object valid for
@@ -412,10 +413,10 @@ def generate_json(
         The budget per answer; an answer not complete within it raises.
     any_whitespace : bool
         Allow free whitespace between JSON tokens (default: xgrammar's compact layout).
-    jump_forward : bool
-        Decode in triemask's own loop (:func:`generate_constrained`), appending what the schema
-        forces (``{"name": "``, the rest of a tool name, ``", "arguments": {"query": "``) without
-        a forward pass per token; as for :func:`choose`.
+    jump_forward : bool or "canonical"
+        Decode in triemask's own loop (:func:`generate_constrained`), putting what the schema
+        forces (``{"name": "``, the rest of a tool name, ``", "arguments": {"query": "``) in the
+        forward pass of the model's next token; as for :func:`choose`.
     **generate_kwargs
         Passed to ``model.generate`` (greedy by default).
 
@@ -502,28 +503,39 @@ def generate_constrained(
     prompts: Sequence[str],
     constraint: TrieAutomaton | CompiledSchema,
     *,
-    jump_forward: bool = True,
+    jump_forward: bool | str = True,
     system: str | None = None,
     **options: Any,
 ) -> list[Decoded]:
     """Generate each prompt's answer under ``constraint`` in triemask's own decoding loop
-    (one prompt at a time, the model's KV cache kept), appending forced text in one forward
-    pass when ``jump_forward`` is on.
+    (one prompt at a time, the model's KV cache kept, the prompts' common start read once),
+    appending forced text in the forward pass of the model's next token.
 
     After each token, :meth:`~triemask.Matcher.find_jump_forward_string` gives the text every
-    continuation begins with; its tokenization by ``tokenizer`` (kept only where those tokens
-    spell it exactly: a SentencePiece encoder's leading space makes no jump) goes into the
-    next forward pass with the model's own token. Its last token only where no allowed token
-    reaches past the forced text: otherwise a token straddling the forced part and a free one
-    (``"user"`` forced, ``"users"`` the model's word) stays the model's to choose. Every token,
-    forced or chosen, is accepted by the matcher: outputs are members (valid JSON) either way;
-    greedy outputs may differ from decoding without jumps, where the model may spell forced
-    text with other tokens than the tokenizer's.
+    continuation begins with. With ``jump_forward=True`` (exact) its tokens are a draft that
+    the model verifies in that one pass, as in speculative decoding: each is kept while it is
+    the model's own choice there (greedy), or with its probability (sampling: the rest drawn
+    from the other tokens), and the model's token replaces the first it would not have
+    written; the cache drops what followed. The output is the one decoding without jumps
+    gives (the same tokens when greedy, the same distribution when sampling); only forward
+    passes are saved. The draft is the tokenizer's tokenization of the forced text, or the
+    model's own spelling of it where the model spelled that text differently before in this
+    call (``{`` ``"`` where the tokenizer writes ``{"``). Where only EOS may follow, the answer
+    ends without a pass.
+
+    With ``jump_forward="canonical"`` the tokenizer's tokens of the forced text are taken
+    without the model's say, but the last (a token straddling the forced part and a free one,
+    ``"user"`` forced and ``"users"`` the model's word, stays the model's to choose): fewer
+    passes again, as SGLang's jump-forward; outputs stay members (valid JSON) but may differ
+    from decoding without jumps, since the model sees the tokenizer's tokens, not its own.
 
     Parameters
     ----------
     constraint : TrieAutomaton or CompiledSchema
         Compiled for this model's vocabulary (:func:`compiler_for`).
+    jump_forward : True, "canonical" or False
+        Drafts verified by the model (default), taken as the tokenizer writes them, or none
+        (a forward pass per token).
     **options
         ``max_new_tokens`` (default 256), ``do_sample`` (default greedy), ``temperature``,
         ``top_k``, ``top_p``, ``logits_processor`` (run before the constraint). Beam search
@@ -536,6 +548,8 @@ def generate_constrained(
             f"triemask's decoding loop takes {', '.join(sorted(_LOOP_OPTIONS))}; got {', '.join(unknown)} "
             "(use jump_forward=False to decode with model.generate)"
         )
+    if not isinstance(jump_forward, bool) and jump_forward != "canonical":
+        raise ArgumentTypeError(f"jump_forward must be True, False or 'canonical'; got {jump_forward!r}")
     vocab = compiler_for(model, tokenizer).vocab
     if constraint.vocab_fingerprint != vocab.fingerprint:
         raise ArgumentTypeError("the constraint was compiled for another vocabulary than this model's (compiler_for)")
@@ -559,8 +573,37 @@ def generate_constrained(
         sampling,
         int(options.get("max_new_tokens", 256)),
         jump_forward,
+        "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values",
     )
-    return [loop.decode(render_prompt(tokenizer, prompt, system), constraint) for prompt in prompts]
+    templated = getattr(tokenizer, "chat_template", None) is not None
+    encoded = [
+        list(tokenizer(render_prompt(tokenizer, prompt, system), add_special_tokens=not templated)["input_ids"])
+        for prompt in prompts
+    ]
+    shared = _SharedStart.read(model, encoded, loop.cache_argument)
+    return [loop.decode(ids, shared, constraint) for ids in encoded]
+
+
+@dataclass(frozen=True)
+class _SharedStart:
+    """The tokens every prompt of a call begins with, read by the model once, and its cache."""
+
+    length: int
+    cache: Any  # None where nothing is shared
+
+    @staticmethod
+    def read(model: Any, encoded: list[list[int]], cache_argument: str) -> _SharedStart:
+        length = 0
+        if len(encoded) > 1:
+            # (each prompt keeps a token of its own: the pass that reads it gives the first scores)
+            longest = min(len(ids) for ids in encoded) - 1
+            while length < longest and all(ids[length] == encoded[0][length] for ids in encoded):
+                length += 1
+        if length == 0:
+            return _SharedStart(0, None)
+        with torch.no_grad():
+            out = model(input_ids=torch.tensor([encoded[0][:length]], device=model.device), use_cache=True)
+        return _SharedStart(length, getattr(out, cache_argument))
 
 
 @dataclass(frozen=True)
@@ -575,34 +618,45 @@ class _Loop:
     warpers: Any  # after it (temperature, top-k, top-p)
     sampling: bool
     budget: int  # max_new_tokens
-    jump_forward: bool
+    jump_forward: bool | str  # True (drafts the model verifies), "canonical" or False
+    # the KV cache's argument and output field: "cache" from transformers 5.x, before "past_key_values"
+    cache_argument: str
+    # the start of a forced text -> the tokens the model spelled it with, learned across prompts
+    spellings: dict[bytes, list[int]] = field(default_factory=dict)
+    lengths: list[int] = field(default_factory=list)  # the keys' lengths, longest first
 
-    def decode(self, prompt: str, constraint: TrieAutomaton | CompiledSchema) -> Decoded:
+    def decode(self, ids: list[int], shared: _SharedStart, constraint: TrieAutomaton | CompiledSchema) -> Decoded:
         started = time.perf_counter()
-        model, tokenizer = self.model, self.tokenizer
-        templated = getattr(tokenizer, "chat_template", None) is not None
-        sequence: list[int] = []
-        pending: list[int] = list(tokenizer(prompt, add_special_tokens=not templated)["input_ids"])
+        model = self.model
+        sequence: list[int] = ids[: shared.length]  # what the model has read (the KV cache)
+        pending: list[int] = ids[shared.length :]
+        past = copy.deepcopy(shared.cache)
         matcher = Matcher(constraint, max_rollback=0)
         generated: list[int] = []
         passes = jumped = 0
-        past = None
-        # the KV cache's argument and output field: "cache" from transformers 5.x, before "past_key_values"
-        cache = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        cache = self.cache_argument
         with torch.no_grad():
             while len(generated) < self.budget:
-                if self.jump_forward:
-                    taken = self._forced(matcher, self.budget - len(generated))
-                    pending += taken
-                    generated += taken
-                    jumped += len(taken)
-                    if len(generated) >= self.budget:
-                        break
-                out = model(input_ids=torch.tensor([pending], device=model.device), use_cache=True, **{cache: past})
+                room = self.budget - len(generated) - 1  # (the model's own token comes after the draft)
+                forced = matcher.find_jump_forward_string() if self.jump_forward and _croppable(past) else ""
+                ending = self._forced_end(matcher) if self.jump_forward and not forced else None
+                if ending is not None:  # (the answer is complete and nothing may follow: no pass for its EOS)
+                    generated.append(ending)
+                    jumped += 1
+                    break
+                draft = self._draft(forced.encode() if isinstance(forced, str) else forced, room)
+                out = model(
+                    input_ids=torch.tensor([pending + draft], device=model.device), use_cache=True, **{cache: past}
+                )
                 passes += 1
                 past = getattr(out, cache)
                 sequence += pending
-                token = self._choose(out.logits[:, -1, :].float(), sequence, matcher)
+                accepted, token = self._verify(out.logits[0, -len(draft) - 1 :, :].float(), draft, sequence, matcher)
+                sequence += draft[:accepted]
+                generated += draft[:accepted]
+                jumped += accepted
+                self._learn(forced, draft[:accepted], token)
+                past = _crop(past, len(draft) - accepted)
                 generated.append(token)
                 pending = [token]
                 if token in self.eos or not matcher.accept_token(token):
@@ -610,29 +664,58 @@ class _Loop:
         text = b"".join(self.vocab.token_bytes(t) or b"" for t in generated if t not in self.eos)
         return Decoded(generated, text, passes, jumped, time.perf_counter() - started)
 
-    def _forced(self, matcher: Any, room: int) -> list[int]:
-        """The forced text's tokens, accepted by ``matcher`` (at most ``room``), but the last
-        where an allowed token reaches past the forced text from there: that token straddles
-        the forced part and a free one (``"user"`` forced, ``"users"`` a word), so the choice is
-        the model's, as it would have been without the jump."""
-        forced = _forced_tokens(self.tokenizer, self.vocab, matcher.find_jump_forward_string())[:room]
-        taken: list[int] = []
-        for i, token in enumerate(forced):
-            if i == len(forced) - 1 and self._straddled(matcher, token):
-                break
-            if not matcher.accept_token(token):  # (never expected: the text is forced)
-                break
-            taken.append(token)
-        return taken
+    def _verify(self, rows: Any, draft: list[int], sequence: list[int], matcher: Any) -> tuple[int, int]:
+        """How many of ``draft`` the model takes (each accepted by ``matcher``), and its own
+        token after them: ``rows`` are its scores after each draft token, the last after all."""
+        trusted = len(draft) - 1 if self.jump_forward == "canonical" else 0  # (taken without the model's say)
+        for position, row in enumerate(rows):
+            proposed = draft[position] if position < len(draft) else None
+            if position < trusted and matcher.accept_token(draft[position]):
+                continue
+            token = self._choose(row[None, :], sequence + draft[:position], matcher, proposed)
+            if token != proposed:
+                return position, token
+            if not matcher.accept_token(token):
+                raise StateError(f"the matcher refused token {token}, which its mask allowed")
+        raise AssertionError("unreachable: the last row proposes nothing")
 
-    def _straddled(self, matcher: Any, last: int) -> bool:
-        """Whether a token allowed now is longer than ``last``'s text (the forced text's rest)."""
-        lengths = self.vocab.byte_table()[0]
+    def _forced_end(self, matcher: Any) -> int | None:
+        """The EOS token where it is the only token allowed (the first of them where several are)."""
         allowed = matcher.allowed_token_ids()
-        return bool((lengths[allowed[allowed < len(lengths)]] > lengths[last]).any())  # (EOS ids may lie past)
+        return int(allowed[0]) if 0 < len(allowed) <= len(self.eos) and self.eos.issuperset(allowed.tolist()) else None
 
-    def _choose(self, scores: Any, sequence: list[int], matcher: Any) -> int:
-        """The next token: the processors, the constraint, the warpers, then greedy or a sample."""
+    def _draft(self, forced: bytes, room: int) -> list[int]:
+        """The tokens proposed for ``forced`` (at most ``room``): the model's own spelling of the
+        longest start of it that it has spelled before, again for the rest, then the tokenizer's."""
+        if self.jump_forward == "canonical":
+            return _forced_tokens(self.tokenizer, self.vocab, forced)[:room]
+        tokens: list[int] = []
+        while forced and len(tokens) < room:
+            known = next((self.spellings[forced[:n]] for n in self.lengths if forced[:n] in self.spellings), None)
+            if known is None:
+                tokens += _forced_tokens(self.tokenizer, self.vocab, forced)
+                break
+            tokens += known
+            forced = forced[len(self._spelled(known)) :]
+        return tokens[:room]
+
+    def _learn(self, forced: str | bytes, accepted: list[int], token: int) -> None:
+        """Remember how the model spelled the start of ``forced`` when it chose ``token`` after
+        ``accepted`` inside the forced text (a token reaching past it is a free choice)."""
+        spelling = [*accepted, token]
+        text = self._spelled(spelling)
+        if token not in self.eos and (forced.encode() if isinstance(forced, str) else forced).startswith(text):
+            if text not in self.spellings:
+                self.lengths[:] = sorted({*self.lengths, len(text)}, reverse=True)
+            self.spellings[text] = spelling
+
+    def _spelled(self, tokens: list[int]) -> bytes:
+        return b"".join(self.vocab.token_bytes(t) or b"" for t in tokens)
+
+    def _choose(self, scores: Any, sequence: list[int], matcher: Any, proposed: int | None) -> int:
+        """The next token: the processors, the constraint, the warpers, then greedy or a sample.
+        A ``proposed`` token is kept with its probability, else one is drawn from the others
+        (speculative sampling with a one-token draft: the model's distribution exactly)."""
         so_far = torch.tensor([sequence], device=scores.device)
         if self.processors:
             scores = self.processors(so_far, scores)
@@ -641,9 +724,30 @@ class _Loop:
         scores = scores.masked_fill(~keep.to(scores.device), float("-inf"))
         if self.warpers:
             scores = self.warpers(so_far, scores)
-        if self.sampling:
-            return int(torch.multinomial(torch.softmax(scores, dim=-1), 1)[0, 0])
-        return int(scores.argmax(dim=-1)[0])
+        if not self.sampling:
+            return int(scores.argmax(dim=-1)[0])
+        probabilities = torch.softmax(scores, dim=-1)
+        if proposed is not None:
+            if float(torch.rand(())) < float(probabilities[0, proposed]):
+                return proposed
+            probabilities[0, proposed] = 0.0
+        return int(torch.multinomial(probabilities, 1)[0, 0])
+
+
+def _croppable(past: Any) -> bool:
+    """Whether the KV cache can drop a rejected draft's positions (sliding-window and
+    recurrent layers cannot: no drafts there)."""
+    return past is None or isinstance(past, tuple) or bool(getattr(past, "is_croppable", hasattr(past, "crop")))
+
+
+def _crop(past: Any, count: int) -> Any:
+    """``past`` without its last ``count`` positions."""
+    if count == 0:
+        return past
+    if isinstance(past, tuple):  # the legacy layout: per layer (key, value), positions on axis -2
+        return tuple(tuple(t[..., :-count, :] for t in layer) for layer in past)
+    past.crop(-count)  # (a negative count removes that many positions, in transformers 4.x and 5.x alike)
+    return past
 
 
 def _forced_tokens(tokenizer: Any, vocab: Vocabulary, forced: str | bytes) -> list[int]:
