@@ -3,6 +3,8 @@ downloaded) with real vocabularies: every generated sequence spells a member of 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -394,6 +396,34 @@ def test_jump_forward_appends_forced_text_and_keeps_answers_valid() -> None:
     assert [d.tokens for d in decoded] == [d.tokens for d in plain]
     decoded = generate_constrained(model, tokenizer, prompts, compiled, jump_forward="canonical", max_new_tokens=80)
     assert all(d.jumped_tokens >= len('{"name":') for d in decoded)  # the forced start, in the first pass
+
+
+def test_a_cache_that_cannot_drop_a_refused_draft_is_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sliding-window and recurrent layers may not crop: where a draft is refused there, the
+    loop reads the kept tokens again without a cache, drafts no more, and the answers stay
+    those of the loop without jumps."""
+    pytest.importorskip("xgrammar")
+    import transformers
+
+    from triemask.integrations.transformers import generate_constrained
+
+    tokenizer = byte_level_tokenizer()
+    model = tiny_causal_lm(len(tokenizer), 2)  # type: ignore[arg-type]  # (writes "_us" where a draft has "_")
+    automaton = compiler_for(model, tokenizer).compile(["get_users", "get_user", "is_us", "slack.send_message"])
+    prompts = ["x", "y", "Which tool?"]
+    plain = generate_constrained(model, tokenizer, prompts, automaton, jump_forward=False)
+    monkeypatch.setattr(transformers.DynamicCache, "is_croppable", property(lambda self: False))
+    forward, uncached = model.forward, []
+
+    @functools.wraps(forward)  # (its signature: the loop finds the cache argument's name there)
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        uncached.append(kwargs.get("cache", kwargs.get("past_key_values")) is None)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", counting)
+    jumped = generate_constrained(model, tokenizer, prompts, automaton)
+    assert [d.tokens for d in jumped] == [d.tokens for d in plain]
+    assert sum(uncached) > 1  # (the shared start's pass, then a cache read again after a refusal)
 
 
 def test_verified_drafts_sample_the_models_distribution() -> None:

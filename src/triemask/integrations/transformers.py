@@ -634,11 +634,12 @@ class _Loop:
         matcher = Matcher(constraint, max_rollback=0)
         generated: list[int] = []
         passes = jumped = 0
+        drafting = bool(self.jump_forward)
         cache = self.cache_argument
         with torch.no_grad():
             while len(generated) < self.budget:
                 room = self.budget - len(generated) - 1  # (the model's own token comes after the draft)
-                forced = matcher.find_jump_forward_string() if self.jump_forward and _croppable(past) else ""
+                forced = matcher.find_jump_forward_string() if drafting else ""
                 ending = self._forced_end(matcher) if self.jump_forward and not forced else None
                 if ending is not None:  # (the answer is complete and nothing may follow: no pass for its EOS)
                     generated.append(ending)
@@ -656,9 +657,12 @@ class _Loop:
                 generated += draft[:accepted]
                 jumped += accepted
                 self._learn(forced, draft[:accepted], token)
-                past = _crop(past, len(draft) - accepted)
                 generated.append(token)
                 pending = [token]
+                if _croppable(past):
+                    past = _crop(past, len(draft) - accepted)
+                elif accepted < len(draft):  # (sliding-window or recurrent layers: read what is kept again)
+                    past, pending, sequence, drafting = None, sequence + pending, [], False
                 if token in self.eos or not matcher.accept_token(token):
                     break
         text = b"".join(self.vocab.token_bytes(t) or b"" for t in generated if t not in self.eos)
@@ -735,9 +739,9 @@ class _Loop:
 
 
 def _croppable(past: Any) -> bool:
-    """Whether the KV cache can drop a rejected draft's positions (sliding-window and
-    recurrent layers cannot: no drafts there)."""
-    return past is None or isinstance(past, tuple) or bool(getattr(past, "is_croppable", hasattr(past, "crop")))
+    """Whether the KV cache can drop a refused draft's positions (sliding-window and recurrent
+    layers may not: the loop then reads the kept tokens again and drafts no more)."""
+    return isinstance(past, tuple) or bool(getattr(past, "is_croppable", hasattr(past, "crop")))
 
 
 def _crop(past: Any, count: int) -> Any:
