@@ -23,6 +23,7 @@ from triemask import (
     ValueSetError,
     Vocabulary,
 )
+from triemask.base import kernels
 from triemask.sets import update as _update
 
 LETTERS = "ab_c"
@@ -220,3 +221,49 @@ def test_batch_calls_equal_their_rows(big: bool) -> None:
         assert np.array_equal(together[row], alone[0])
     with pytest.raises(StateError):
         updated.next_states(np.asarray([updated.num_states]), np.asarray([0]))
+
+
+@pytest.mark.skipif(kernels.KERNELS is None, reason="the C extension is not built")
+def test_the_c_lookups_equal_the_reference() -> None:
+    """The C kernel over an updated set's parts (step, one-row fill, batch fill, batch step,
+    pairs) against the Python reference merging the parts, at every state met along the
+    values' paths and random tokens, rewritten nodes and DEAD included."""
+    compiler = Compiler(byte_vocabulary([b"ab", b"abc", b"_x", b"c_"]), disk_cache=False)
+    rng = random.Random(7)
+    values = sorted({"".join(rng.choice("abc_x") for _ in range(rng.randint(1, 8))) for _ in range(600)})
+    base = compiler.compile(values)
+    removed, added = rng.sample(values, 8), [f"{v}c" for v in rng.sample(values, 8)] + ["zz", "a"]
+    native = base.with_values(added=sorted(set(added) - set(values)), removed=removed)
+    reference = base.with_values(added=sorted(set(added) - set(values)), removed=removed)
+    assert isinstance(native, UpdatedTrieAutomaton) and native._kernel is not None
+    reference._kernel = None
+    states, frontier = {DEAD}, [native.initial_state]
+    while frontier and len(states) < 3_000:  # breadth-first over the reachable states
+        state = frontier.pop(0)
+        if state in states:
+            continue
+        states.add(state)
+        frontier += [native.next_state(state, int(t)) for t in reference.allowed_token_ids(state).tolist()]
+    states |= {rng.randrange(native.num_states) for _ in range(500)}  # (pairs no walk reaches, too)
+    batch = np.asarray(sorted(states), dtype=np.int64)
+    tokens = np.asarray([rng.randrange(compiler.vocab.vocab_size) for _ in batch], dtype=np.int64)
+    assert native.next_states(batch, tokens).tolist() == reference.next_states(batch, tokens).tolist()
+    for state in batch.tolist():
+        for token in rng.sample(range(compiler.vocab.vocab_size), 8):
+            assert native.next_state(state, token) == reference.next_state(state, token)
+    width = (compiler.vocab.vocab_size + 31) // 32
+    ours, theirs = np.zeros((len(batch), width), dtype=np.int32), np.ones((len(batch), width), dtype=np.int32)
+    native.fill_bitmask(ours, batch)
+    reference.fill_bitmask(theirs, batch)
+    assert np.array_equal(ours, theirs)
+    one = np.zeros((1, width), dtype=np.int32)
+    for state, row in zip(batch.tolist(), theirs, strict=True):
+        native.fill_row(one, state)
+        assert np.array_equal(one[0], row)
+    for found, expected in zip(native.allowed_token_pairs(batch), reference.allowed_token_pairs(batch), strict=True):
+        assert found.tolist() == expected.tolist()
+    matcher, byte_tokens = Matcher(native), compiler.single_byte_tokens()
+    for value in [*rng.sample(sorted(set(values) - set(removed)), 20), "zz"]:
+        matcher.reset()
+        assert all(matcher.accept_token(int(byte_tokens[byte])) for byte in value.encode())
+        assert matcher.value == value

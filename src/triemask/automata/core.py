@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ..base import StateError, integer, kernels
+from ..base import StateError, as_bitmask_array, integer, kernels
 
 DEAD = -1
 """The state a rejected token leads to. Nothing is allowed in it."""
@@ -36,6 +36,34 @@ def as_int64(values: Any) -> Any:
     if type(values) is np.ndarray and values.dtype.kind == "i" and values.dtype != np.int64:
         return values.astype(np.int64)
     return values
+
+
+# An automaton's kernel's batch calls (the kernel may be None), each None / False where the C
+# side defers to the reference (the arguments need its checks).
+
+
+def kernel_pairs(kernel: Any, states: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
+    pairs = kernel.pairs(as_int64(states)) if kernel is not None else None
+    if pairs is None:
+        return None
+    return np.frombuffer(pairs[0], dtype=np.int64), np.frombuffer(pairs[1], dtype=np.int32)
+
+
+def kernel_next_states(kernel: Any, states: Any, token_ids: Any) -> npt.NDArray[np.int32] | None:
+    if kernel is None:
+        return None
+    out = np.empty(count_states(states), dtype=np.int32)
+    return out if kernel.next_batch(as_int64(states), as_int64(token_ids), out) else None
+
+
+def kernel_fill(kernel: Any, bitmask: Any, states: Any, rows: Any, vocab_size: int) -> bool:
+    if kernel is None:
+        return False
+    # a CPU torch tensor: its numpy view (as_bitmask_array raises for a wrong one)
+    target = bitmask if type(bitmask) is np.ndarray else as_bitmask_array(bitmask, vocab_size)
+    if rows is None and type(states) in (list, tuple) and len(states) == 1:
+        return bool(kernel.fill(target, 0, states[0]))  # the per-step path
+    return bool(kernel.fill_batch(target, as_int64(states), None if rows is None else as_int64(rows)))
 
 
 def set_bits(target: npt.NDArray[np.int32], positions: npt.NDArray[Any], tokens: npt.NDArray[np.int32]) -> None:

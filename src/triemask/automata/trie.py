@@ -42,11 +42,13 @@ from .core import (
     AutomatonBase,
     AutomatonMeta,
     IntArray,
-    as_int64,
     count_states,
     count_words,
     dense_rows,
     dense_threshold,
+    kernel_fill,
+    kernel_next_states,
+    kernel_pairs,
     set_bits,
     state_index,
 )
@@ -462,11 +464,9 @@ class TrieAutomaton(AutomatonBase):
         token_ids : int32 array
             The allowed token of each pair.
         """
-        kernel = self._kernel
-        if kernel is not None:
-            pairs = kernel.pairs(as_int64(states))
-            if pairs is not None:
-                return np.frombuffer(pairs[0], dtype=np.int64), np.frombuffer(pairs[1], dtype=np.int32)
+        pairs = kernel_pairs(self._kernel, states)
+        if pairs is not None:
+            return pairs
         nodes = self._nodes(states)
         first, last, edge_tokens, _ = self._csr(nodes)
         counts = last - first
@@ -496,11 +496,9 @@ class TrieAutomaton(AutomatonBase):
 
     def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
         """Vectorised :meth:`next_state` over a batch (DEAD where rejected)."""
-        kernel = self._kernel
-        if kernel is not None:
-            out = np.empty(count_states(states), dtype=np.int32)
-            if kernel.next_batch(as_int64(states), as_int64(token_ids), out):
-                return out
+        found = kernel_next_states(self._kernel, states, token_ids)
+        if found is not None:
+            return found
         if (
             isinstance(states, list | tuple | np.ndarray)
             and isinstance(token_ids, list | tuple | np.ndarray)
@@ -639,16 +637,9 @@ class TrieAutomaton(AutomatonBase):
         self, bitmask: Any, states: Sequence[int] | npt.NDArray[np.integer[Any]], *, rows: npt.ArrayLike | None = None
     ) -> None:
         # fill_bitmask (the C one fills one state's row itself and defers the rest here)
-        kernel = self._kernel
-        if kernel is not None:
-            # a CPU torch tensor: its numpy view (as_bitmask_array raises for a wrong one)
-            target = bitmask if type(bitmask) is np.ndarray else as_bitmask_array(bitmask, self._meta.vocab_size)
-            if rows is None and type(states) in (list, tuple) and len(states) == 1:
-                if kernel.fill(target, 0, states[0]):  # the per-step path
-                    return
-            elif kernel.fill_batch(target, as_int64(states), None if rows is None else as_int64(rows)):
-                return
-            # anything the kernel deferred: the reference below, which raises the typed errors
+        if kernel_fill(self._kernel, bitmask, states, rows, self._meta.vocab_size):
+            return
+        # anything the kernel deferred: the reference below, which raises the typed errors
         if (  # one request per call, the per-step path: as_bitmask_array's checks, inlined
             rows is None
             and type(states) in (list, tuple)

@@ -10,8 +10,8 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 
-from ..base import ArgumentTypeError, StateError, ValueIndexError, as_bitmask_array, values_fingerprint
-from .core import DEAD, set_bits, state_index
+from ..base import ArgumentTypeError, StateError, ValueIndexError, as_bitmask_array, kernels, values_fingerprint
+from .core import DEAD, kernel_fill, kernel_next_states, kernel_pairs, set_bits, state_index
 from .forced import forced_in_sorted
 from .trie import TrieAutomaton
 
@@ -24,7 +24,9 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     for the removed values and a delta automaton of the added ones, merged at lookup (see
     the module :mod:`triemask.sets.update`). The same masks as a full recompile of the new set;
     other state numbers (a pair of the parts' states). Immutable; :meth:`compacted`
-    recompiles it into a plain automaton, and saving or pickling saves that."""
+    recompiles it into a plain automaton, and saving or pickling saves that. With the C
+    extension its lookups run in one kernel over the parts (``base._native.updated_kernel``);
+    the methods below are the reference."""
 
     __slots__ = (
         "_added",
@@ -62,11 +64,31 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         self._num_values = base.num_values - len(removed_indices) + len(added)
         self._meta, self._width, self._level_offsets = base._meta, base._width, base._level_offsets
         self._set_fingerprint = None
-        self._kernel = None
+        self._kernel = self._patch_kernel()
         self._order: list[Any] | None = None  # the merged sorted values, made on first use
         self._keys: list[bytes] | None = None  # their bytes, for find_jump_forward_string
         self._compact: TrieAutomaton | None = None
         self._compact_lock = threading.Lock()
+
+    def _patch_kernel(self) -> Any:
+        """The C lookups over the parts (base, rewritten nodes, delta), or None without the
+        extension or where a part is not an eager trie or the pairs pass 2**31 states."""
+        native, base, delta = kernels.KERNELS, self._base, self._delta
+        eager = type(base) is TrieAutomaton and (delta is None or type(delta) is TrieAutomaton)
+        if native is None or not eager or base._kernel is None or self.num_states >= (1 << 31) - 1:
+            return None
+        rewritten = [self._overrides[int(node)] for node in self._override_nodes]
+        counts = np.fromiter((len(tokens) for tokens, _ in rewritten), dtype=np.int64, count=len(rewritten))
+        return native.updated_kernel(
+            base._kernel,
+            None if delta is None else delta._kernel,
+            self._override_nodes.astype(np.int32),
+            np.concatenate(([0], np.cumsum(counts))).astype(np.int32),
+            np.concatenate([tokens for tokens, _ in rewritten] or [_EMPTY]).astype(np.int32),
+            np.concatenate([dests for _, dests in rewritten] or [_EMPTY]).astype(np.int32),
+            self._span,
+            self.num_states,
+        )
 
     def parts(self) -> tuple[TrieAutomaton, frozenset[Any], frozenset[Any]]:
         """The base automaton, the values added to it and the values removed from it."""
@@ -154,6 +176,9 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
         """Vectorised :meth:`next_state`: one batch call per part (the rows at rewritten
         nodes one by one). States are pairs: past 2**31 of them the result is int64."""
+        found = kernel_next_states(self._kernel, states, token_ids)
+        if found is not None:
+            return found
         split = self._split_many(states)
         tokens = np.asarray(token_ids)
         if split is None or tokens.shape != split[0].shape or tokens.dtype.kind not in "iu" or int(tokens.min()) < 0:
@@ -178,6 +203,9 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     def allowed_token_pairs(
         self, states: Sequence[int] | npt.NDArray[np.integer[Any]]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
+        pairs = kernel_pairs(self._kernel, states)
+        if pairs is not None:
+            return pairs
         split = self._split_many(states)
         if split is None:  # per row: the typed errors, and the empty batch
             found = [self.allowed_token_ids(s) for s in np.asarray(states).tolist()]
@@ -230,20 +258,9 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             self._delta.fill_row(extra, delta)
             row |= extra[0]
 
-    def fill_row(self, bitmask: Any, state: int, row: int = 0) -> None:
-        array = (
-            bitmask
-            if type(bitmask) is np.ndarray and bitmask.ndim == 2
-            else as_bitmask_array(bitmask, self._meta.vocab_size)
-        )
-        if array.dtype != np.int32 or array.shape[1:] != (self._width,) or not array.flags.c_contiguous:
-            array = as_bitmask_array(bitmask, self._meta.vocab_size)
-        row = state_index(row, "rows")
-        if not 0 <= row < array.shape[0]:
-            raise StateError(f"row {row} is outside the bitmask's {array.shape[0]} rows")
-        self._fill_row(array[row], state)
-
     def _fill_bitmask_reference(self, bitmask: Any, states: Any, *, rows: npt.ArrayLike | None = None) -> None:
+        if kernel_fill(self._kernel, bitmask, states, rows, self._meta.vocab_size):
+            return
         array = as_bitmask_array(bitmask, self._meta.vocab_size)
         split = self._split_many(states)
         values: list[int] = []

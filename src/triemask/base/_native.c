@@ -35,7 +35,8 @@
  *
  *   kernel.c        the Kernel and Lazy types' data, building a Kernel from an automaton's arrays
  *   lazy_cache.c    the lazy layout's byte-bounded LRU of computed node edges
- *   step_fill.c     a node's edges, next / fill / fill_batch / next_batch / pairs
+ *   step_fill.c     a node's edges, next / fill / fill_batch / next_batch / pairs; an updated set's
+ *                   kernel (its parts merged at lookup)
  *   compile.c       the token index's tables and matching a value trie against the vocabulary
  *   tries.c         sorting values and building byte tries; the token index's hash
  *   python_types.c  MatcherCore and AutomatonCore, the C base classes of Matcher and automata
@@ -67,6 +68,8 @@ static PyMethodDef module_methods[] = {
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},
+    {"updated_kernel", updated_kernel, METH_VARARGS,
+     "A Kernel over an updated set's parts (see triemask.automata.updated)."},
     {"split_tokens", split_tokens, METH_VARARGS,
      "split_tokens(data, offsets, lengths): each token's bytes, or None (VocabularySupport.tokens)."},
     {"lex_tokens", lex_tokens, METH_VARARGS,

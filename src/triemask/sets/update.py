@@ -13,9 +13,11 @@ subtrie are rewritten without the edges into it. Updates accumulate against the 
 when the change grows past :data:`COMPACT_FRACTION` of the base (or the vocabulary lacks a
 single-byte token the walk needs) the result is a full recompile instead.
 
-A step over an updated automaton costs two lookups and Python's glue (a few microseconds
-against one), until :meth:`UpdatedTrieAutomaton.compacted`, which recompiles the current
-set into a plain automaton (new state numbers).
+With the C extension, a step, a fill and the batch calls over an updated automaton run in
+its own kernel (the parts' kernels, the rewritten nodes, and the few pairs where both parts
+are at nodes merged once when it is built: one lookup a step, as on a plain automaton);
+:meth:`UpdatedTrieAutomaton.compacted` recompiles the current set into a plain automaton
+(new state numbers).
 """
 
 from __future__ import annotations
@@ -159,13 +161,13 @@ def _tombstones(
     eos = np.asarray(base.eos_token_ids, dtype=np.int64)
     single = np.zeros(base.vocab_size + 1, dtype=np.int64)  # 1 for the single-byte tokens (one per byte)
     single[byte_tokens[byte_tokens >= 0]] = 1
-    removed_indices = np.unique(_indices(base, paths[np.arange(len(paths)), lengths]))
+    removed_indices, _ = _distinct(_indices(base, paths[np.arange(len(paths)), lengths]))
     # the nodes on the removed paths (ascending ids), each with its depth and parent
     depth = np.broadcast_to(np.arange(paths.shape[1]), paths.shape)
     on_path = depth <= lengths[:, None]
     flat_nodes, flat_depths = paths[on_path], depth[on_path]
     flat_parents = np.where(flat_depths > 0, np.roll(paths, 1, axis=1)[on_path], -1)
-    nodes, first = np.unique(flat_nodes, return_index=True)
+    nodes, first = _distinct(flat_nodes)
     node_depths, node_parents = flat_depths[first], flat_parents[first]
     offsets, all_tokens, all_dests = base.edge_arrays()  # the nodes' edges, gathered at once
     lo, hi = offsets[nodes], offsets[nodes + 1]
@@ -174,11 +176,11 @@ def _tombstones(
     at = np.arange(int(counts.sum())) + np.repeat(lo - (np.cumsum(counts) - counts), counts)
     tokens, dests = all_tokens[at], all_dests[at]
     index = _indices(base, nodes)
-    keeps_value = (index >= 0) & ~np.isin(index, removed_indices)
+    keeps_value = (index >= 0) & ~_member(index, removed_indices)
     stride = base.num_states + 1
     children = np.bincount(rows, weights=single[tokens], minlength=len(nodes)).astype(np.int64)
     # a node can die only if each of its children lies on a removed path; the others live
-    links = np.unique(flat_parents[flat_depths > 0] * stride + flat_nodes[flat_depths > 0]) // stride
+    links = _distinct(flat_parents[flat_depths > 0] * stride + flat_nodes[flat_depths > 0])[0] // stride
     path_children = np.bincount(np.searchsorted(nodes, links), minlength=len(nodes))
     maybe = np.flatnonzero(~keeps_value & (children <= path_children) & (nodes != base.initial_state))
     maybe = maybe[np.argsort(-node_depths[maybe], kind="stable")]  # the deepest first
@@ -194,8 +196,8 @@ def _tombstones(
     dead_table[np.fromiter(dead, dtype=np.int64, count=len(dead))] = True
     into_dead = dead_table[dests]
     is_dead = dead_table[nodes]
-    own = (index >= 0) & np.isin(index, removed_indices)  # a removed value's node: no more EOS
-    is_eos = np.isin(tokens, eos)
+    own = (index >= 0) & _member(index, removed_indices)  # a removed value's node: no more EOS
+    is_eos = _member(tokens, np.sort(eos))
     drop = into_dead | (own[rows] & is_eos)
     changed = (np.bincount(rows[drop], minlength=len(nodes)) > 0) & ~is_dead
     # the rewritten nodes' remaining edges, one array each for tokens and destinations
@@ -214,6 +216,26 @@ def _tombstones(
         )
     }
     return overrides, removed_indices
+
+
+def _distinct(items: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """The distinct items ascending and where each first occurs: ``np.unique(items,
+    return_index=True)`` without its first call's import of ``numpy.ma`` (10 ms, in the middle
+    of what should be a cheap update; ``np.isin`` imports it too)."""
+    order = np.argsort(items, kind="stable")
+    ordered = items[order]
+    first = np.ones(len(ordered), dtype=bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return ordered[first], order[first]
+
+
+def _member(items: npt.NDArray[np.int64], ordered: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
+    """Which items are in ``ordered`` (ascending): ``np.isin`` without the same import."""
+    if not len(ordered):
+        return np.zeros(len(items), dtype=bool)
+    at = np.minimum(np.searchsorted(ordered, items), len(ordered) - 1)
+    found: npt.NDArray[np.bool_] = ordered[at] == items
+    return found
 
 
 def _indices(base: TrieAutomaton, nodes: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:

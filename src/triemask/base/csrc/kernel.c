@@ -41,6 +41,28 @@ typedef struct {
     size_t stack_cap;
 } Lazy;
 
+/* An updated set (UpdatedTrieAutomaton): its base automaton's Kernel, the delta's (the added
+ * values; NULL when none were added) and the base nodes whose edges the removals rewrote, as a
+ * CSR of their own. A state is the pair (base state b, delta state d) as (b + 1) * span + d,
+ * span = the delta's states + 1 (DEAD); a token is allowed where either part allows it.
+ *
+ * Where both parts are at nodes (a prefix of base and added values alike: near the root, or
+ * an added value extending a base one), a lookup would cost two; those pairs are few (at most
+ * one per delta node, its prefix's base node) and their merged edges are made once, when the
+ * kernel is built: `shared[d]` is the merged node of delta node d (or -1), `shared_base` its
+ * base partner, the CSR `merged_*` its edges with the joined destination states, and
+ * `merged_rows` a whole row for the merged nodes allowing half a row's worth of tokens. */
+typedef struct {
+    PyObject *base, *delta;               /* Kernels, owned references */
+    int64_t span;
+    Py_buffer nodes, offsets, tokens, dests; /* int32: rewritten nodes ascending, their edges */
+    int held;                              /* how many of the buffers are held */
+    uint8_t *rewritten;                    /* per base node: 1 where its edges were rewritten */
+    int32_t *shared, *shared_base;         /* per delta node / per merged node */
+    int32_t *merged_offsets, *merged_tokens, *merged_dests, *merged_dense; /* merged_dense: row index or -1 */
+    int32_t *merged_rows;
+} Patch;
+
 typedef struct {
     PyObject_HEAD
     Py_buffer edge_offsets; /* int32, num_nodes + 2 */
@@ -54,6 +76,7 @@ typedef struct {
     Py_ssize_t width;
     int64_t dense_min;      /* only a node with at least this many edges can be dense */
     Lazy *lazy;             /* the lazy layout (the buffers above unused), or NULL */
+    Patch *patch;           /* an updated set's parts (the buffers above unused), or NULL */
 } Kernel;
 
 static PyTypeObject KernelType;
@@ -96,6 +119,21 @@ static void Kernel_dealloc(Kernel *self) {
         PyBuffer_Release(views[i]);
     }
     lazy_free(self->lazy);
+    if (self->patch != NULL) {
+        Py_buffer *parts[4] = {&self->patch->nodes, &self->patch->offsets, &self->patch->tokens, &self->patch->dests};
+        for (int i = 0; i < self->patch->held; i++) {
+            PyBuffer_Release(parts[i]);
+        }
+        Py_XDECREF(self->patch->base);
+        Py_XDECREF(self->patch->delta);
+        void *owned[8] = {self->patch->rewritten,     self->patch->shared,        self->patch->shared_base,
+                          self->patch->merged_offsets, self->patch->merged_tokens, self->patch->merged_dests,
+                          self->patch->merged_dense,  self->patch->merged_rows};
+        for (int i = 0; i < 8; i++) {
+            PyMem_Free(owned[i]);
+        }
+        PyMem_Free(self->patch);
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -103,7 +141,7 @@ static int Kernel_init(Kernel *self, PyObject *args, PyObject *kwds) {
     PyObject *objs[5];
     long long num_nodes, num_states, dense_min;
     Py_ssize_t width;
-    if (self->held || self->lazy) {
+    if (self->held || self->lazy || self->patch) {
         PyErr_SetString(PyExc_RuntimeError, "Kernel is already initialised");
         return -1;
     }

@@ -46,7 +46,7 @@ static inline int node_edges(const Kernel *self, int64_t node, Edges *out) {
     return 0;
 }
 
-static inline int32_t next_of(const Kernel *self, int64_t state, int64_t token) {
+static inline int32_t plain_next(const Kernel *self, int64_t state, int64_t token) {
     if (state < 0 || state >= self->num_nodes) {
         return -1; /* final and DEAD states allow nothing */
     }
@@ -66,46 +66,187 @@ static inline int32_t next_of(const Kernel *self, int64_t state, int64_t token) 
     return lo < e.count && e.tokens[lo] == token ? e.dests[lo] : -1;
 }
 
+/* The row of a node allowing a large part of the vocabulary, stored whole, or NULL. */
+static inline const int32_t *dense_row(const Kernel *self, int64_t node, const Edges *e) {
+    if (e->row != NULL) {
+        return (const int32_t *)e->row;
+    }
+    if (self->lazy != NULL || e->count < self->dense_min) {
+        return NULL;
+    }
+    const int32_t *dense = (const int32_t *)self->dense_nodes.buf;
+    Py_ssize_t lo = 0, hi = self->dense_nodes.shape[0];
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (dense[mid] < node) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < self->dense_nodes.shape[0] && dense[lo] == node ? (const int32_t *)self->dense_rows.buf + lo * self->width
+                                                                : NULL;
+}
+
+static inline void set_token_bits(int32_t *row, const int32_t *tokens, int32_t count) {
+    uint32_t *words = (uint32_t *)row;
+    for (int32_t i = 0; i < count; i++) {
+        words[(uint32_t)tokens[i] >> 5] |= 1u << ((uint32_t)tokens[i] & 31);
+    }
+}
+
 /* A row from the node's tokens (the automaton stores no bitmask words: setting one bit per
    allowed token costs what copying the words did, and saves their memory), or, for the few
    nodes allowing half a row's worth of tokens or more, a copy of the row stored whole.
-   0, or -1 when the lazy layout ran out of memory. */
-static inline int fill_one(const Kernel *self, int32_t *row, int64_t node) {
+   With `or_in`, the node's tokens are added to the row instead. 0, or -1 when the lazy
+   layout ran out of memory. */
+static inline int plain_fill(const Kernel *self, int32_t *row, int64_t node, int or_in) {
     Edges e;
     if (node < 0 || node >= self->num_nodes) {
-        memset(row, 0, (size_t)self->width * sizeof(int32_t));
+        if (!or_in) {
+            memset(row, 0, (size_t)self->width * sizeof(int32_t));
+        }
         return 0;
     }
     if (node_edges(self, node, &e) < 0) {
         return -1;
     }
-    if (e.row != NULL) {
-        memcpy(row, e.row, (size_t)self->width * 4);
-        return 0;
+    const int32_t *whole = dense_row(self, node, &e);
+    if (whole != NULL && or_in) {
+        for (Py_ssize_t i = 0; i < self->width; i++) {
+            row[i] |= whole[i];
+        }
+    } else if (whole != NULL) {
+        memcpy(row, whole, (size_t)self->width * 4);
+    } else {
+        if (!or_in) {
+            memset(row, 0, (size_t)self->width * sizeof(int32_t));
+        }
+        set_token_bits(row, e.tokens, e.count);
     }
-    if (self->lazy == NULL && e.count >= self->dense_min) {
-        /* a node allowing a large part of the vocabulary: its row is stored whole */
-        const int32_t *dense = (const int32_t *)self->dense_nodes.buf;
-        Py_ssize_t lo = 0, hi = self->dense_nodes.shape[0];
+    return 0;
+}
+
+/* ------------------------------------------------------------------ an updated set's kernel */
+
+typedef struct {
+    int64_t base, delta; /* the parts' states (-1: DEAD) */
+    Py_ssize_t rewritten; /* the base node's index among the rewritten nodes, or -1 */
+} Parts;
+
+static inline Parts parts_of(const Patch *p, int64_t state) {
+    Parts out;
+    int64_t code = state + 1;
+    out.base = code / p->span - 1;
+    out.delta = code % p->span - 1;
+    out.rewritten = -1;
+    if (out.base >= 0 && out.base < ((const Kernel *)p->base)->num_nodes && p->rewritten[out.base]) {
+        const int32_t *nodes = (const int32_t *)p->nodes.buf;
+        Py_ssize_t lo = 0, hi = p->nodes.shape[0];
         while (lo < hi) {
             Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (dense[mid] < node) {
+            if (nodes[mid] < out.base) {
                 lo = mid + 1;
             } else {
                 hi = mid;
             }
         }
-        if (lo < self->dense_nodes.shape[0] && dense[lo] == node) {
-            memcpy(row, (const int32_t *)self->dense_rows.buf + lo * self->width, (size_t)self->width * 4);
-            return 0;
+        if (lo < p->nodes.shape[0] && nodes[lo] == out.base) {
+            out.rewritten = lo;
         }
     }
-    memset(row, 0, (size_t)self->width * sizeof(int32_t));
-    uint32_t *words = (uint32_t *)row;
-    for (int32_t i = 0; i < e.count; i++) {
-        words[(uint32_t)e.tokens[i] >> 5] |= 1u << ((uint32_t)e.tokens[i] & 31);
+    return out;
+}
+
+/* The rewritten node's edges (index `k` among them). */
+static inline Edges rewritten_edges(const Patch *p, Py_ssize_t k) {
+    const int32_t *offsets = (const int32_t *)p->offsets.buf;
+    Edges e;
+    e.tokens = (const int32_t *)p->tokens.buf + offsets[k];
+    e.dests = (const int32_t *)p->dests.buf + offsets[k];
+    e.count = offsets[k + 1] - offsets[k];
+    e.row = NULL;
+    return e;
+}
+
+static inline int32_t edge_to(const Edges *e, int64_t token) {
+    int32_t lo = 0, hi = e->count;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        if (e->tokens[mid] < token) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
     }
-    return 0;
+    return lo < e->count && e->tokens[lo] == token ? e->dests[lo] : -1;
+}
+
+/* The merged node of a state whose parts are both at nodes (its delta node's, when the base
+ * part is that node's partner), or -1. */
+static inline int32_t merged_node(const Patch *p, int64_t state) {
+    int64_t code = state + 1, base = code / p->span - 1, delta = code % p->span - 1;
+    if (base < 0 || delta < 0 || p->delta == NULL || delta >= ((const Kernel *)p->delta)->num_nodes) {
+        return -1;
+    }
+    int32_t k = p->shared[delta];
+    return k >= 0 && p->shared_base[k] == base ? k : -1;
+}
+
+static int32_t patched_next(const Kernel *self, int64_t state, int64_t token) {
+    const Patch *p = self->patch;
+    int32_t k = merged_node(p, state);
+    if (k >= 0) {
+        Edges e = {p->merged_tokens + p->merged_offsets[k], p->merged_dests + p->merged_offsets[k],
+                   p->merged_offsets[k + 1] - p->merged_offsets[k], NULL};
+        return edge_to(&e, token);
+    }
+    Parts at = parts_of(p, state);
+    int64_t base = -1, delta = -1;
+    if (at.rewritten >= 0) {
+        Edges e = rewritten_edges(p, at.rewritten);
+        base = edge_to(&e, token);
+    } else if (at.base >= 0) {
+        base = plain_next((const Kernel *)p->base, at.base, token);
+    }
+    if (at.delta >= 0 && p->delta != NULL) {
+        delta = plain_next((const Kernel *)p->delta, at.delta, token);
+    }
+    if (base == NO_MEMORY || delta == NO_MEMORY) { /* (the parts are eager: never) */
+        return NO_MEMORY;
+    }
+    return base < 0 && delta < 0 ? -1 : (int32_t)((base + 1) * p->span + delta);
+}
+
+static int patched_fill(const Kernel *self, int32_t *row, int64_t state) {
+    const Patch *p = self->patch;
+    int32_t k = merged_node(p, state);
+    if (k >= 0 && p->merged_dense[k] >= 0) {
+        memcpy(row, p->merged_rows + (int64_t)p->merged_dense[k] * self->width, (size_t)self->width * 4);
+        return 0;
+    }
+    if (k >= 0) {
+        memset(row, 0, (size_t)self->width * sizeof(int32_t));
+        set_token_bits(row, p->merged_tokens + p->merged_offsets[k], p->merged_offsets[k + 1] - p->merged_offsets[k]);
+        return 0;
+    }
+    Parts at = parts_of(p, state);
+    if (at.rewritten >= 0) {
+        Edges e = rewritten_edges(p, at.rewritten);
+        memset(row, 0, (size_t)self->width * sizeof(int32_t));
+        set_token_bits(row, e.tokens, e.count);
+    } else if (plain_fill((const Kernel *)p->base, row, at.base, 0) < 0) {
+        return -1;
+    }
+    return at.delta >= 0 && p->delta != NULL ? plain_fill((const Kernel *)p->delta, row, at.delta, 1) : 0;
+}
+
+static inline int32_t next_of(const Kernel *self, int64_t state, int64_t token) {
+    return self->patch != NULL ? patched_next(self, state, token) : plain_next(self, state, token);
+}
+
+static inline int fill_one(const Kernel *self, int32_t *row, int64_t state) {
+    return self->patch != NULL ? patched_fill(self, row, state) : plain_fill(self, row, state, 0);
 }
 
 static int valid_state(const Kernel *self, int64_t state) {
@@ -420,12 +561,83 @@ static PyObject *Kernel_next_batch(Kernel *self, PyObject *const *args, Py_ssize
 }
 
 
+/* An updated state's tokens: its base part's (rewritten or the base's own) and its delta part's,
+ * two ascending lists (empty where a part is DEAD, final or absent). */
+static void patched_edges(const Patch *p, int64_t state, Edges *base, Edges *delta) {
+    Parts at = parts_of(p, state);
+    const Kernel *b = (const Kernel *)p->base, *d = (const Kernel *)p->delta;
+    base->count = delta->count = 0;
+    if (at.rewritten >= 0) {
+        *base = rewritten_edges(p, at.rewritten);
+    } else if (at.base >= 0 && at.base < b->num_nodes) {
+        node_edges(b, at.base, base); /* (eager: cannot fail) */
+    }
+    if (d != NULL && at.delta >= 0 && at.delta < d->num_nodes) {
+        node_edges(d, at.delta, delta);
+    }
+}
+
+/* pairs() of an updated set: each row's two token lists merged, duplicates once. */
+static PyObject *patched_pairs(Kernel *self, Ints *states) {
+    const Patch *p = self->patch;
+    const int64_t *s = states->data;
+    int64_t total = 0;
+    Edges a, b;
+    for (Py_ssize_t i = 0; i < states->size; i++) {
+        if (!valid_state(self, s[i])) {
+            Py_RETURN_NONE;
+        }
+        patched_edges(p, s[i], &a, &b);
+        total += a.count + b.count;
+    }
+    char *rows_data, *tokens_data;
+    PyObject *result = NULL, *tokens_out = NULL, *rows_out = new_bytes(total * 8, &rows_data);
+    if (rows_out != NULL) {
+        tokens_out = new_bytes(total * 4, &tokens_data);
+    }
+    if (rows_out != NULL && tokens_out != NULL) {
+        int64_t *rows = (int64_t *)rows_data;
+        int32_t *tokens = (int32_t *)tokens_data;
+        int64_t at = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < states->size; i++) {
+            patched_edges(p, s[i], &a, &b);
+            int32_t x = 0, y = 0;
+            while (x < a.count || y < b.count) {
+                int32_t token;
+                if (y == b.count || (x < a.count && a.tokens[x] < b.tokens[y])) {
+                    token = a.tokens[x++];
+                } else if (x == a.count || b.tokens[y] < a.tokens[x]) {
+                    token = b.tokens[y++];
+                } else {
+                    token = a.tokens[x++];
+                    y++;
+                }
+                rows[at] = i;
+                tokens[at++] = token;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (PyByteArray_Resize(rows_out, at * 8) == 0 && PyByteArray_Resize(tokens_out, at * 4) == 0) {
+            result = PyTuple_Pack(2, rows_out, tokens_out);
+        }
+    }
+    Py_XDECREF(rows_out);
+    Py_XDECREF(tokens_out);
+    return result;
+}
+
 /* pairs(states) -> (rows int64, tokens int32) as bytearrays: every allowed (row, token) of
  * a batch of states (allowed_token_pairs), or None to defer. */
 static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
     Ints states;
     if (nargs != 1 || !get_ints(args[0], &states)) {
         Py_RETURN_NONE;
+    }
+    if (self->patch != NULL) {
+        PyObject *found = patched_pairs(self, &states);
+        release_ints(&states);
+        return found;
     }
     const int64_t *s = states.data;
     int64_t total = 0;
@@ -477,3 +689,182 @@ static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t na
     return result;
 }
 
+
+
+/* A growing int32 array (the merged nodes' tables are built breadth-first). */
+typedef struct {
+    int32_t *data;
+    int64_t size, cap;
+} Grow;
+
+static int grow_by(Grow *g, int64_t count) {
+    if (g->size + count > g->cap) {
+        int64_t cap = g->cap ? 2 * g->cap : 256;
+        while (cap < g->size + count) {
+            cap *= 2;
+        }
+        int32_t *data = (int32_t *)PyMem_Realloc(g->data, (size_t)cap * sizeof(int32_t));
+        if (data == NULL) {
+            return -1;
+        }
+        g->data = data, g->cap = cap;
+    }
+    g->size += count;
+    return 0;
+}
+
+static int grow_push(Grow *g, int32_t value) {
+    if (grow_by(g, 1) < 0) {
+        return -1;
+    }
+    g->data[g->size - 1] = value;
+    return 0;
+}
+
+/* The patch's lookup tables: which base nodes were rewritten, and the merged nodes (see
+ * Patch), found breadth-first from the initial pair (both roots): a merged node's edges into
+ * two nodes lead to the next. 0, or -1 out of memory. */
+static int patch_tables(Patch *p) {
+    const Kernel *b = (const Kernel *)p->base, *d = (const Kernel *)p->delta;
+    p->rewritten = (uint8_t *)PyMem_Calloc((size_t)(b->num_nodes > 0 ? b->num_nodes : 1), 1);
+    int64_t n_delta = d != NULL ? d->num_nodes : 0;
+    p->shared = (int32_t *)PyMem_Malloc((size_t)(n_delta > 0 ? n_delta : 1) * sizeof(int32_t));
+    if (p->rewritten == NULL || p->shared == NULL) {
+        return -1;
+    }
+    const int32_t *nodes = (const int32_t *)p->nodes.buf;
+    for (Py_ssize_t i = 0; i < p->nodes.shape[0]; i++) {
+        p->rewritten[nodes[i]] = 1;
+    }
+    for (int64_t i = 0; i < n_delta; i++) {
+        p->shared[i] = -1;
+    }
+    Grow bases = {0}, deltas = {0}, offsets = {0}, tokens = {0}, dests = {0}, dense = {0}, rows = {0};
+    int failed = grow_push(&offsets, 0) < 0;
+    if (!failed && n_delta > 0 && b->num_nodes > 0) {
+        p->shared[0] = 0;
+        failed = grow_push(&bases, 0) < 0 || grow_push(&deltas, 0) < 0;
+    }
+    for (int64_t k = 0; !failed && k < bases.size; k++) { /* (bases grows as merged nodes are found) */
+        Edges x, y;
+        Parts at = parts_of(p, ((int64_t)bases.data[k] + 1) * p->span - 1); /* the base node alone */
+        if (at.rewritten >= 0) {
+            x = rewritten_edges(p, at.rewritten);
+        } else {
+            node_edges(b, bases.data[k], &x); /* (eager: cannot fail) */
+        }
+        node_edges(d, deltas.data[k], &y);
+        int32_t i = 0, j = 0;
+        while (!failed && (i < x.count || j < y.count)) {
+            int32_t token;
+            int64_t to_base = -1, to_delta = -1;
+            if (j == y.count || (i < x.count && x.tokens[i] < y.tokens[j])) {
+                token = x.tokens[i], to_base = x.dests[i++];
+            } else if (i == x.count || y.tokens[j] < x.tokens[i]) {
+                token = y.tokens[j], to_delta = y.dests[j++];
+            } else {
+                token = x.tokens[i], to_base = x.dests[i++], to_delta = y.dests[j++];
+            }
+            failed = grow_push(&tokens, token) < 0 || grow_push(&dests, (int32_t)((to_base + 1) * p->span + to_delta)) < 0;
+            if (!failed && to_base >= 0 && to_base < b->num_nodes && to_delta >= 0 && to_delta < n_delta &&
+                p->shared[to_delta] < 0) {
+                p->shared[to_delta] = (int32_t)bases.size;
+                failed = grow_push(&bases, (int32_t)to_base) < 0 || grow_push(&deltas, (int32_t)to_delta) < 0;
+            }
+        }
+        int64_t first = offsets.data[k], count = tokens.size - first;
+        failed = failed || grow_push(&offsets, (int32_t)tokens.size) < 0;
+        if (!failed && count >= b->dense_min) { /* a whole row, as the plain kernel stores them */
+            failed = grow_push(&dense, (int32_t)(rows.size / b->width)) < 0 || grow_by(&rows, b->width) < 0;
+            if (!failed) {
+                int32_t *row = rows.data + rows.size - b->width;
+                memset(row, 0, (size_t)b->width * sizeof(int32_t));
+                set_token_bits(row, tokens.data + first, (int32_t)count);
+            }
+        } else if (!failed) {
+            failed = grow_push(&dense, -1) < 0;
+        }
+    }
+    PyMem_Free(deltas.data);
+    p->shared_base = bases.data, p->merged_offsets = offsets.data, p->merged_tokens = tokens.data;
+    p->merged_dests = dests.data, p->merged_dense = dense.data, p->merged_rows = rows.data;
+    return failed ? -1 : 0;
+}
+
+/* updated_kernel(base, delta_or_None, nodes, offsets, tokens, dests, span, num_states) -> Kernel:
+ * an UpdatedTrieAutomaton's lookups (see Patch). The parts are eager Kernels of one width;
+ * every rewritten node, offset, token (ascending per node) and destination is checked here. */
+static PyObject *updated_kernel(PyObject *module, PyObject *args) {
+    PyObject *base, *delta, *objs[4];
+    long long span, num_states;
+    if (!PyArg_ParseTuple(args, "O!OOOOOLL", &KernelType, &base, &delta, &objs[0], &objs[1], &objs[2], &objs[3],
+                          &span, &num_states)) {
+        return NULL;
+    }
+    const Kernel *b = (const Kernel *)base, *d = delta == Py_None ? NULL : (const Kernel *)delta;
+    if (delta != Py_None && !PyObject_TypeCheck(delta, &KernelType)) {
+        PyErr_SetString(PyExc_TypeError, "updated_kernel: delta must be a Kernel or None");
+        return NULL;
+    }
+    if (b->lazy || b->patch || (d != NULL && (d->lazy || d->patch || d->width != b->width)) ||
+        span != (d != NULL ? d->num_states + 1 : 1) || span < 1 || num_states != (b->num_states + 1) * span - 1 ||
+        num_states >= INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "updated_kernel: parts of another layout, width or size");
+        return NULL;
+    }
+    Kernel *self = (Kernel *)KernelType.tp_alloc(&KernelType, 0);
+    if (self == NULL) {
+        return NULL;
+    }
+    Patch *p = (Patch *)PyMem_Calloc(1, sizeof(Patch));
+    if (p == NULL) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->patch = p;
+    Py_INCREF(base);
+    p->base = base;
+    if (d != NULL) {
+        Py_INCREF(delta);
+        p->delta = delta;
+    }
+    Py_buffer *views[4] = {&p->nodes, &p->offsets, &p->tokens, &p->dests};
+    static const char *names[4] = {"nodes", "offsets", "tokens", "dests"};
+    for (int i = 0; i < 4; i++) {
+        if (get_array(objs[i], views[i], 4, names[i]) < 0) {
+            Py_DECREF(self);
+            return NULL;
+        }
+        p->held = i + 1;
+    }
+    const int32_t *nodes = (const int32_t *)p->nodes.buf, *offsets = (const int32_t *)p->offsets.buf;
+    const int32_t *tokens = (const int32_t *)p->tokens.buf, *dests = (const int32_t *)p->dests.buf;
+    Py_ssize_t count = p->nodes.shape[0], edges = p->tokens.shape[0];
+    int bad = p->offsets.shape[0] != count + 1 || p->dests.shape[0] != edges || offsets[0] != 0 ||
+              offsets[count] != edges;
+    for (Py_ssize_t i = 0; !bad && i < count; i++) {
+        bad = nodes[i] < 0 || nodes[i] >= b->num_nodes || (i > 0 && nodes[i] <= nodes[i - 1]) ||
+              offsets[i + 1] < offsets[i];
+    }
+    for (Py_ssize_t i = 0; !bad && i < count; i++) {
+        for (int32_t j = offsets[i]; !bad && j < offsets[i + 1]; j++) {
+            bad = tokens[j] < 0 || (int64_t)tokens[j] >= 32 * (int64_t)b->width || dests[j] < 0 ||
+                  dests[j] >= b->num_states || (j > offsets[i] && tokens[j] <= tokens[j - 1]);
+        }
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "updated_kernel: rewritten nodes, offsets, tokens or destinations out of range");
+        Py_DECREF(self);
+        return NULL;
+    }
+    p->span = span;
+    if (patch_tables(p) < 0) {
+        Py_DECREF(self);
+        return PyErr_NoMemory();
+    }
+    self->num_nodes = 0; /* (no node of its own: every lookup goes to the parts) */
+    self->num_states = num_states;
+    self->width = b->width;
+    self->dense_min = INT64_MAX;
+    return (PyObject *)self;
+}
