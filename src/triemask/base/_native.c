@@ -37,6 +37,7 @@
  *   lazy_cache.c    the lazy layout's byte-bounded LRU of computed node edges
  *   step_fill.c     a node's edges, next / fill / fill_batch / next_batch / pairs; an updated set's
  *                   kernel (its parts merged at lookup)
+ *   updates.c       with_values's walks of the removed values and its tombstone pass
  *   compile.c       the token index's tables and matching a value trie against the vocabulary
  *   tries.c         sorting values and building byte tries; the token index's hash
  *   python_types.c  MatcherCore and AutomatonCore, the C base classes of Matcher and automata
@@ -50,6 +51,7 @@
 #include "csrc/kernel.c"
 #include "csrc/lazy_cache.c"
 #include "csrc/step_fill.c"
+#include "csrc/updates.c"
 #include "csrc/compile.c"
 #include "csrc/tries.c"
 #include "csrc/python_types.c"
@@ -70,6 +72,9 @@ static PyMethodDef module_methods[] = {
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},
     {"updated_kernel", updated_kernel, METH_VARARGS,
      "A Kernel over an updated set's parts (see triemask.automata.updated)."},
+    {"walk_paths", walk_paths, METH_VARARGS, "The values' walks down a trie (see triemask.sets.update._walks)."},
+    {"tombstone_edges", tombstone_edges, METH_VARARGS,
+     "The edges the removals rewrite (see triemask.sets.update._tombstones)."},
     {"split_tokens", split_tokens, METH_VARARGS,
      "split_tokens(data, offsets, lengths): each token's bytes, or None (VocabularySupport.tokens)."},
     {"lex_tokens", lex_tokens, METH_VARARGS,

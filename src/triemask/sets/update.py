@@ -23,13 +23,22 @@ are at nodes merged once when it is built: one lookup a step, as on a plain auto
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from ..automata import DEAD, DagAutomaton, LazyTrieAutomaton, TrieAutomaton, UpdatedTrieAutomaton
-from ..base import ArgumentTypeError, ValueSetError
+from ..automata import (
+    DEAD,
+    DagAutomaton,
+    LazyTrieAutomaton,
+    RewrittenEdges,
+    TrieAutomaton,
+    UpdatedTrieAutomaton,
+    native_kernel,
+)
+from ..base import ArgumentTypeError, ValueSetError, bitmask_width, kernels
 from ..vocab import Vocabulary
 
 
@@ -104,8 +113,8 @@ def updated(
         return _recompiled(base, automaton, adding, removing, compiler)
     delta = compiler.compile(delta_values, eos=base.eos) if delta_values else None
     chosen = np.asarray([i for i, v in enumerate(candidates) if v in tombstoned], dtype=np.int64)
-    overrides, removed_indices = _tombstones(base, paths[chosen], lengths[chosen], byte_tokens)
-    return UpdatedTrieAutomaton(base, delta, overrides, removed_indices, tombstoned, delta_values, compiler)
+    rewritten, removed_indices = _tombstones(base, paths[chosen], lengths[chosen], byte_tokens)
+    return UpdatedTrieAutomaton(base, delta, rewritten, removed_indices, tombstoned, delta_values, compiler)
 
 
 def _recompiled(
@@ -132,15 +141,44 @@ def _walks(
     lengths = np.asarray([len(raw) for raw in raws], dtype=np.int64)
     longest = int(lengths.max(initial=0))
     padded = np.zeros((len(raws), longest), dtype=np.uint8)
-    for i, raw in enumerate(raws):
-        padded[i, : len(raw)] = np.frombuffer(raw, dtype=np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    rows = np.repeat(np.arange(len(raws)), lengths)
+    padded[rows, np.arange(len(rows)) - starts[rows]] = np.frombuffer(b"".join(raws), dtype=np.uint8)
     tokens = byte_tokens[padded]
-    paths = np.full((len(raws), longest + 1), DEAD, dtype=np.int64)
+    native, kernel = kernels.KERNELS, native_kernel(base)
+    if native is not None and kernel is not None:
+        walked = native.walk_paths(kernel, tokens, lengths, base.initial_state)
+        return np.frombuffer(walked, dtype=np.int64).reshape(len(raws), longest + 1), lengths
+    return _walks_reference(base, tokens, lengths), lengths
+
+
+def _walks_reference(
+    base: TrieAutomaton, tokens: npt.NDArray[np.int64], lengths: npt.NDArray[np.int64]
+) -> npt.NDArray[np.int64]:
+    """``walk_paths`` in NumPy: one batch step per depth."""
+    longest = tokens.shape[1]
+    paths = np.full((len(tokens), longest + 1), DEAD, dtype=np.int64)
     paths[:, 0] = base.initial_state
     for depth in range(longest):
         moving = np.flatnonzero((lengths > depth) & (paths[:, depth] != DEAD))
         paths[moving, depth + 1] = base.next_states(paths[moving, depth], tokens[moving, depth])
-    return paths, lengths
+    return paths
+
+
+@dataclass(frozen=True)
+class _PathNodes:
+    """The nodes on the removed values' paths (ascending, distinct), each with its parent
+    (-1 for the root), depth and value index (-1: none), and the removed values' indices."""
+
+    nodes: npt.NDArray[np.int64]
+    parents: npt.NDArray[np.int64]
+    depths: npt.NDArray[np.int64]
+    indices: npt.NDArray[np.int64]
+    removed: npt.NDArray[np.int64]
+
+    def arrays(self) -> tuple[npt.NDArray[np.int64], ...]:
+        """The fields in order (``dataclasses.astuple`` would deep-copy the arrays)."""
+        return self.nodes, self.parents, self.depths, self.indices, self.removed
 
 
 def _tombstones(
@@ -148,40 +186,50 @@ def _tombstones(
     paths: npt.NDArray[np.int64],
     lengths: npt.NDArray[np.int64],
     byte_tokens: npt.NDArray[np.int64],
-) -> tuple[dict[int, tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]]], npt.NDArray[np.int64]]:
+) -> tuple[RewrittenEdges, npt.NDArray[np.int64]]:
     """The rewritten edges of the base nodes the removals change, and the removed values'
     indices in the base (``paths``: the removed values' walks, see :func:`_walks`).
 
-    Every node on a removed value's path is looked up once (its edges, in one batch). A node
-    is dead when no remaining base value lies at or below it: its value (if any) is removed
-    and all its children (the distinct targets of its single-byte tokens) are dead, counted
-    from the deepest nodes up. A live node on such a path is rewritten when one of its edges
-    leads into a dead node (those edges go), or when it is a removed value's own node (EOS
-    goes)."""
-    eos = np.asarray(base.eos_token_ids, dtype=np.int64)
-    single = np.zeros(base.vocab_size + 1, dtype=np.int64)  # 1 for the single-byte tokens (one per byte)
-    single[byte_tokens[byte_tokens >= 0]] = 1
-    removed_indices, _ = _distinct(_indices(base, paths[np.arange(len(paths)), lengths]))
-    # the nodes on the removed paths (ascending ids), each with its depth and parent
+    A node is dead when no remaining base value lies at or below it: its value (if any) is
+    removed and all its children (the distinct targets of its single-byte tokens) are dead,
+    counted from the deepest nodes up. A live node on such a path is rewritten when one of its
+    edges leads into a dead node (those edges go), or when it is a removed value's own node
+    (EOS goes). The pass runs in C (``tombstone_edges``), else in NumPy (the reference)."""
+    removed, _ = _distinct(_indices(base, paths[np.arange(len(paths)), lengths]))
     depth = np.broadcast_to(np.arange(paths.shape[1]), paths.shape)
     on_path = depth <= lengths[:, None]
     flat_nodes, flat_depths = paths[on_path], depth[on_path]
     flat_parents = np.where(flat_depths > 0, np.roll(paths, 1, axis=1)[on_path], -1)
     nodes, first = _distinct(flat_nodes)
-    node_depths, node_parents = flat_depths[first], flat_parents[first]
-    offsets, all_tokens, all_dests = base.edge_arrays()  # the nodes' edges, gathered at once
+    on_paths = _PathNodes(nodes, flat_parents[first], flat_depths[first], _indices(base, nodes), removed)
+    # 1 for the single-byte tokens (one per byte), over every id an edge may hold
+    single = np.zeros(32 * bitmask_width(base.vocab_size) + 1, dtype=np.uint8)
+    single[byte_tokens[byte_tokens >= 0]] = 1
+    eos = np.asarray(base.eos_token_ids, dtype=np.int64)
+    native, kernel = kernels.KERNELS, native_kernel(base)
+    if native is not None and kernel is not None:
+        found = native.tombstone_edges(kernel, *on_paths.arrays(), single, eos, base.initial_state)
+        return RewrittenEdges(*(np.frombuffer(part, dtype=np.int32) for part in found)), removed
+    return _tombstones_reference(base, on_paths, single, eos), removed
+
+
+def _tombstones_reference(
+    base: TrieAutomaton, on_paths: _PathNodes, single: npt.NDArray[np.uint8], eos: npt.NDArray[np.int64]
+) -> RewrittenEdges:
+    """``tombstone_edges`` in NumPy: the rewritten nodes and the edges they keep. Every
+    node's edges are gathered in one batch."""
+    nodes, node_parents, node_depths, index, removed_indices = on_paths.arrays()
+    offsets, all_tokens, all_dests = base.edge_arrays()
     lo, hi = offsets[nodes], offsets[nodes + 1]
     counts = (hi - lo).astype(np.int64)
     rows = np.repeat(np.arange(len(nodes), dtype=np.int64), counts)
     at = np.arange(int(counts.sum())) + np.repeat(lo - (np.cumsum(counts) - counts), counts)
     tokens, dests = all_tokens[at], all_dests[at]
-    index = _indices(base, nodes)
     keeps_value = (index >= 0) & ~_member(index, removed_indices)
     stride = base.num_states + 1
     children = np.bincount(rows, weights=single[tokens], minlength=len(nodes)).astype(np.int64)
     # a node can die only if each of its children lies on a removed path; the others live
-    links = _distinct(flat_parents[flat_depths > 0] * stride + flat_nodes[flat_depths > 0])[0] // stride
-    path_children = np.bincount(np.searchsorted(nodes, links), minlength=len(nodes))
+    path_children = np.bincount(np.searchsorted(nodes, node_parents[node_parents >= 0]), minlength=len(nodes))
     maybe = np.flatnonzero(~keeps_value & (children <= path_children) & (nodes != base.initial_state))
     maybe = maybe[np.argsort(-node_depths[maybe], kind="stable")]  # the deepest first
     dead: set[int] = set()
@@ -200,22 +248,14 @@ def _tombstones(
     is_eos = _member(tokens, np.sort(eos))
     drop = into_dead | (own[rows] & is_eos)
     changed = (np.bincount(rows[drop], minlength=len(nodes)) > 0) & ~is_dead
-    # the rewritten nodes' remaining edges, one array each for tokens and destinations
     kept = ~drop & changed[rows]
-    kept_rows = rows[kept]
-    ends = np.cumsum(np.bincount(kept_rows, minlength=len(nodes)))
-    kept_tokens, kept_dests = tokens[kept].astype(np.int32), dests[kept].astype(np.int32)
-    which = np.flatnonzero(changed)
-    overrides = {
-        node: (kept_tokens[start:end], kept_dests[start:end])
-        for node, start, end in zip(
-            nodes[which].tolist(),
-            (ends[which] - np.bincount(kept_rows, minlength=len(nodes))[which]).tolist(),
-            ends[which].tolist(),
-            strict=True,
-        )
-    }
-    return overrides, removed_indices
+    ends = np.cumsum(np.bincount(rows[kept], minlength=len(nodes))[changed])
+    return RewrittenEdges(
+        nodes[changed].astype(np.int32),
+        np.concatenate(([0], ends)).astype(np.int32),
+        tokens[kept].astype(np.int32),
+        dests[kept].astype(np.int32),
+    )
 
 
 def _distinct(items: npt.NDArray[np.int64]) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:

@@ -57,7 +57,7 @@ typedef struct {
     int64_t span;
     Py_buffer nodes, offsets, tokens, dests; /* int32: rewritten nodes ascending, their edges */
     int held;                              /* how many of the buffers are held */
-    uint8_t *rewritten;                    /* per base node: 1 where its edges were rewritten */
+    uint64_t *rewritten;                   /* a bit per base node: set where its edges were rewritten */
     int32_t *shared, *shared_base;         /* per delta node / per merged node */
     int32_t *merged_offsets, *merged_tokens, *merged_dests, *merged_dense; /* merged_dense: row index or -1 */
     int32_t *merged_rows;

@@ -140,7 +140,7 @@ static inline Parts parts_of(const Patch *p, int64_t state) {
     out.base = code / p->span - 1;
     out.delta = code % p->span - 1;
     out.rewritten = -1;
-    if (out.base >= 0 && out.base < ((const Kernel *)p->base)->num_nodes && p->rewritten[out.base]) {
+    if (out.base >= 0 && out.base < ((const Kernel *)p->base)->num_nodes && (p->rewritten[out.base >> 6] >> (out.base & 63) & 1)) {
         const int32_t *nodes = (const int32_t *)p->nodes.buf;
         Py_ssize_t lo = 0, hi = p->nodes.shape[0];
         while (lo < hi) {
@@ -726,7 +726,7 @@ static int grow_push(Grow *g, int32_t value) {
  * two nodes lead to the next. 0, or -1 out of memory. */
 static int patch_tables(Patch *p) {
     const Kernel *b = (const Kernel *)p->base, *d = (const Kernel *)p->delta;
-    p->rewritten = (uint8_t *)PyMem_Calloc((size_t)(b->num_nodes > 0 ? b->num_nodes : 1), 1);
+    p->rewritten = (uint64_t *)PyMem_Calloc((size_t)(b->num_nodes / 64 + 1), 8);
     int64_t n_delta = d != NULL ? d->num_nodes : 0;
     p->shared = (int32_t *)PyMem_Malloc((size_t)(n_delta > 0 ? n_delta : 1) * sizeof(int32_t));
     if (p->rewritten == NULL || p->shared == NULL) {
@@ -734,7 +734,7 @@ static int patch_tables(Patch *p) {
     }
     const int32_t *nodes = (const int32_t *)p->nodes.buf;
     for (Py_ssize_t i = 0; i < p->nodes.shape[0]; i++) {
-        p->rewritten[nodes[i]] = 1;
+        p->rewritten[nodes[i] >> 6] |= (uint64_t)1 << (nodes[i] & 63);
     }
     for (int64_t i = 0; i < n_delta; i++) {
         p->shared[i] = -1;
