@@ -237,6 +237,9 @@ def test_the_c_lookups_equal_the_reference() -> None:
     reference = base.with_values(added=sorted(set(added) - set(values)), removed=removed)
     assert isinstance(native, UpdatedTrieAutomaton) and native._kernel is not None
     reference._kernel = None
+    # the pairs both parts reach ("a" and the added values extending base ones) are merged
+    assert native.stats()["merged_nodes"] > 0 == reference.stats()["merged_nodes"]
+    assert native.memory_bytes > reference.memory_bytes  # (the kernel's tables counted)
     states, frontier = {DEAD}, [native.initial_state]
     while frontier and len(states) < 3_000:  # breadth-first over the reachable states
         state = frontier.pop(0)

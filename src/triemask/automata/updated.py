@@ -168,10 +168,16 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     def num_values(self) -> int:
         return self._num_values
 
+    def _kernel_tables(self) -> dict[str, int]:
+        """The C kernel's own tables: merged nodes, edges and rows, and their bytes."""
+        info = self._kernel.patch_info() if self._kernel is not None else None
+        return info if info is not None else {"merged_nodes": 0, "merged_edges": 0, "merged_rows": 0, "bytes": 0}
+
     @property
     def memory_bytes(self) -> int:
-        """The base's arrays (shared with it), the delta's and the rewritten edges."""
-        own = self._rewritten.nbytes + self._removed.nbytes
+        """The base's arrays (shared with it), the delta's, the rewritten edges and the C
+        kernel's own tables (the merged nodes, a bit per base node)."""
+        own = self._rewritten.nbytes + self._removed.nbytes + self._kernel_tables()["bytes"]
         return self._base.memory_bytes + own + (self._delta.memory_bytes if self._delta is not None else 0)
 
     @property
@@ -413,6 +419,8 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             "added": len(self._added),
             "removed": len(self._removed),
             "rewritten_nodes": len(self._rewritten.nodes),
+            # the pairs where both parts are at nodes, merged in the C kernel (0 without it)
+            "merged_nodes": self._kernel_tables()["merged_nodes"],
             "states": self.num_states,
             "memory_bytes": self.memory_bytes,
             "eos": self._meta.eos,

@@ -112,6 +112,8 @@ static PyMethodDef Kernel_methods[] = {
      "spell(node) -> the bytes of a lazy trie's node, or None to defer"},
     {"cache_info", (PyCFunction)Kernel_cache_info, METH_NOARGS, "The lazy cache's counters (None when eager)."},
     {"cache_clear", (PyCFunction)Kernel_cache_clear, METH_NOARGS, "Drop the lazy cache's rows."},
+    {"patch_info", (PyCFunction)Kernel_patch_info, METH_NOARGS,
+     "An updated set's merged nodes, edges, rows and the bytes of its own tables (None for other kernels)."},
     {NULL, NULL, 0, NULL},
 };
 

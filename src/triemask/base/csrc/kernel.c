@@ -61,6 +61,7 @@ typedef struct {
     int32_t *shared, *shared_base;         /* per delta node / per merged node */
     int32_t *merged_offsets, *merged_tokens, *merged_dests, *merged_dense; /* merged_dense: row index or -1 */
     int32_t *merged_rows;
+    int64_t merged, merged_edges, rows, owned_bytes; /* counts of the tables above, and their bytes */
 } Patch;
 
 typedef struct {

@@ -197,6 +197,18 @@ static PyObject *Kernel_cache_info(Kernel *self, PyObject *unused) {
                          z->evictions);
 }
 
+/* patch_info(): an updated set's merged nodes, their edges and whole rows, and the bytes of the
+ * kernel's own tables (None for any other kernel) */
+static PyObject *Kernel_patch_info(Kernel *self, PyObject *unused) {
+    Patch *p = self->patch;
+    if (p == NULL) {
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("{s:L,s:L,s:L,s:L}", "merged_nodes", (long long)p->merged, "merged_edges",
+                         (long long)p->merged_edges, "merged_rows", (long long)p->rows, "bytes",
+                         (long long)p->owned_bytes);
+}
+
 /* cache_clear(): drop every cached row (counters kept) */
 static PyObject *Kernel_cache_clear(Kernel *self, PyObject *unused) {
     Lazy *z = self->lazy;

@@ -786,6 +786,9 @@ static int patch_tables(Patch *p) {
         }
     }
     PyMem_Free(deltas.data);
+    p->merged = bases.size, p->merged_edges = tokens.size, p->rows = b->width ? rows.size / b->width : 0;
+    p->owned_bytes = 8 * (b->num_nodes / 64 + 1) + 4 * (n_delta + bases.size + offsets.size + 2 * tokens.size +
+                                                         dense.size + rows.size);
     p->shared_base = bases.data, p->merged_offsets = offsets.data, p->merged_tokens = tokens.data;
     p->merged_dests = dests.data, p->merged_dense = dense.data, p->merged_rows = rows.data;
     return failed ? -1 : 0;
