@@ -220,7 +220,6 @@ def evaluate(
         answering = SharedPrefixGenerator(model, tokenizer, answer_prefix)
         thinking = SharedPrefixGenerator(model, tokenizer, think_prefix)
         examples = [Example(text=row["text"], label=row["label"]) for row in rows]
-        decoding = _JumpForward(model, tokenizer, longest + 1)
         for index in steps(f"{name} (K={len(labels)})", len(examples)):
             example = examples[index]
             prompt = render(PE_PROMPT.format(options=options, text=example.text))
@@ -248,8 +247,8 @@ def evaluate(
             "test_rows": len(test_rows),
             "sample": len(examples),
             "methods": _summary(examples, METHODS),
-            "jump_forward": decoding.measure(
-                [PE_PROMPT.format(options=options, text=example.text) for example in examples], automaton
+            "jump_forward": _jump_forward(
+                model, tokenizer, [PE_PROMPT.format(options=options, text=e.text) for e in examples], automaton, longest
             ),
             "examples": [_example_record(example) for example in examples],
         }
@@ -265,7 +264,6 @@ def evaluate(
         generator = SharedPrefixGenerator(model, tokenizer, render(prompt_prefix).split("\0")[0])
         rng = random.Random(settings.seed + k)
         examples = [Example(text=tool_request(name), label=name) for name in rng.sample(names, settings.per_k)]
-        decoding = _JumpForward(model, tokenizer, longest + 1)
         for index in steps(f"tools (K={k:,})", len(examples)):
             example = examples[index]
             prompt = render(prompt_prefix.replace("\0", example.text))
@@ -276,8 +274,8 @@ def evaluate(
             "K": k,
             "sample": len(examples),
             "methods": _summary(examples, TOOL_METHODS),
-            "jump_forward": decoding.measure(
-                [prompt_prefix.replace("\0", example.text) for example in examples], automaton
+            "jump_forward": _jump_forward(
+                model, tokenizer, [prompt_prefix.replace("\0", e.text) for e in examples], automaton, longest
             ),
             "examples": [_example_record(example) for example in examples],
         }
@@ -294,32 +292,23 @@ def evaluate(
     }
 
 
-@dataclass(frozen=True)
-class _JumpForward:
-    """The constrained answers decoded in triemask's own loop, without and with jump-forward."""
+def _jump_forward(model: Any, tokenizer: Any, prompts: list[str], automaton: Any, longest: int) -> dict[str, Any]:
+    """The constrained answers decoded in triemask's own loop without and with jump-forward
+    (verified drafts): forward passes per answer, seconds in all, answers the same."""
+    from ..integrations.transformers import generate_constrained
 
-    model: Any
-    tokenizer: Any
-    max_new_tokens: int
-
-    def measure(self, prompts: list[str], automaton: Any) -> dict[str, Any]:
-        """Forward passes per answer and seconds in all, plain and with verified drafts."""
-        from ..integrations.transformers import generate_constrained
-
-        runs = {
-            mode: generate_constrained(
-                self.model, self.tokenizer, prompts, automaton, jump_forward=mode, max_new_tokens=self.max_new_tokens
-            )
-            for mode in (False, True)
-        }
-        return {
-            "answers": len(prompts),
-            "passes_plain": statistics.mean(d.forward_passes for d in runs[False]),
-            "passes_jump": statistics.mean(d.forward_passes for d in runs[True]),
-            "seconds_plain": sum(d.seconds for d in runs[False]),
-            "seconds_jump": sum(d.seconds for d in runs[True]),
-            "same_answers": sum(p.tokens == j.tokens for p, j in zip(runs[False], runs[True], strict=True)),
-        }
+    runs = {
+        mode: generate_constrained(model, tokenizer, prompts, automaton, jump_forward=mode, max_new_tokens=longest + 1)
+        for mode in (False, True)
+    }
+    return {
+        "answers": len(prompts),
+        "passes_plain": statistics.mean(d.forward_passes for d in runs[False]),
+        "passes_jump": statistics.mean(d.forward_passes for d in runs[True]),
+        "seconds_plain": sum(d.seconds for d in runs[False]),
+        "seconds_jump": sum(d.seconds for d in runs[True]),
+        "same_answers": sum(p.tokens == j.tokens for p, j in zip(runs[False], runs[True], strict=True)),
+    }
 
 
 def _unconstrained(generator: Any, prompt: str, labels: Sequence[str], max_new_tokens: int) -> Outcome:
