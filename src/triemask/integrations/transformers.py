@@ -575,9 +575,12 @@ def generate_constrained(
         jump_forward,
         "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values",
     )
-    templated = getattr(tokenizer, "chat_template", None) is not None
     encoded = [
-        list(tokenizer(render_prompt(tokenizer, prompt, system), add_special_tokens=not templated)["input_ids"])
+        list(
+            tokenizer(render_prompt(tokenizer, prompt, system), add_special_tokens=_adds_special(tokenizer))[
+                "input_ids"
+            ]
+        )
         for prompt in prompts
     ]
     shared = _SharedStart.read(model, encoded, loop.cache_argument)
@@ -765,12 +768,17 @@ def _forced_tokens(tokenizer: Any, vocab: Vocabulary, forced: str | bytes) -> li
     return ids if spelled == wanted else []
 
 
+def _adds_special(tokenizer: Any) -> bool:
+    """Whether encoding a rendered prompt adds the tokenizer's special tokens: not where its
+    chat template (render_prompt) already wrote them."""
+    return getattr(tokenizer, "chat_template", None) is None
+
+
 def _encode_left_padded(tokenizer: Any, batch: list[str]) -> Any:
-    templated = getattr(tokenizer, "chat_template", None) is not None
     side = tokenizer.padding_side
     tokenizer.padding_side = "left"
     try:
-        return tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=not templated)
+        return tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=_adds_special(tokenizer))
     finally:
         tokenizer.padding_side = side
 

@@ -46,6 +46,26 @@ static inline int node_edges(const Kernel *self, int64_t node, Edges *out) {
     return 0;
 }
 
+/* Where `value` is in the ascending `items`, or -1. */
+static inline Py_ssize_t find_int32(const int32_t *items, Py_ssize_t count, int64_t value) {
+    Py_ssize_t lo = 0, hi = count;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (items[mid] < value) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < count && items[lo] == value ? lo : -1;
+}
+
+/* Where a node's edge with `token` leads, or -1. */
+static inline int32_t edge_to(const Edges *e, int64_t token) {
+    Py_ssize_t at = find_int32(e->tokens, e->count, token);
+    return at >= 0 ? e->dests[at] : -1;
+}
+
 static inline int32_t plain_next(const Kernel *self, int64_t state, int64_t token) {
     if (state < 0 || state >= self->num_nodes) {
         return -1; /* final and DEAD states allow nothing */
@@ -54,16 +74,7 @@ static inline int32_t plain_next(const Kernel *self, int64_t state, int64_t toke
     if (node_edges(self, state, &e) < 0) {
         return NO_MEMORY;
     }
-    int32_t lo = 0, hi = e.count;
-    while (lo < hi) {
-        int32_t mid = lo + (hi - lo) / 2;
-        if (e.tokens[mid] < token) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo < e.count && e.tokens[lo] == token ? e.dests[lo] : -1;
+    return edge_to(&e, token);
 }
 
 /* The row of a node allowing a large part of the vocabulary, stored whole, or NULL. */
@@ -74,18 +85,8 @@ static inline const int32_t *dense_row(const Kernel *self, int64_t node, const E
     if (self->lazy != NULL || e->count < self->dense_min) {
         return NULL;
     }
-    const int32_t *dense = (const int32_t *)self->dense_nodes.buf;
-    Py_ssize_t lo = 0, hi = self->dense_nodes.shape[0];
-    while (lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (dense[mid] < node) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo < self->dense_nodes.shape[0] && dense[lo] == node ? (const int32_t *)self->dense_rows.buf + lo * self->width
-                                                                : NULL;
+    Py_ssize_t at = find_int32((const int32_t *)self->dense_nodes.buf, self->dense_nodes.shape[0], node);
+    return at >= 0 ? (const int32_t *)self->dense_rows.buf + at * self->width : NULL;
 }
 
 static inline void set_token_bits(int32_t *row, const int32_t *tokens, int32_t count) {
@@ -141,19 +142,7 @@ static inline Parts parts_of(const Patch *p, int64_t state) {
     out.delta = code % p->span - 1;
     out.rewritten = -1;
     if (out.base >= 0 && out.base < ((const Kernel *)p->base)->num_nodes && (p->rewritten[out.base >> 6] >> (out.base & 63) & 1)) {
-        const int32_t *nodes = (const int32_t *)p->nodes.buf;
-        Py_ssize_t lo = 0, hi = p->nodes.shape[0];
-        while (lo < hi) {
-            Py_ssize_t mid = lo + (hi - lo) / 2;
-            if (nodes[mid] < out.base) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        if (lo < p->nodes.shape[0] && nodes[lo] == out.base) {
-            out.rewritten = lo;
-        }
+        out.rewritten = find_int32((const int32_t *)p->nodes.buf, p->nodes.shape[0], out.base);
     }
     return out;
 }
@@ -167,19 +156,6 @@ static inline Edges rewritten_edges(const Patch *p, Py_ssize_t k) {
     e.count = offsets[k + 1] - offsets[k];
     e.row = NULL;
     return e;
-}
-
-static inline int32_t edge_to(const Edges *e, int64_t token) {
-    int32_t lo = 0, hi = e->count;
-    while (lo < hi) {
-        int32_t mid = lo + (hi - lo) / 2;
-        if (e->tokens[mid] < token) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo < e->count && e->tokens[lo] == token ? e->dests[lo] : -1;
 }
 
 /* The merged node of a state whose parts are both at nodes (its delta node's, when the base
@@ -561,6 +537,20 @@ static PyObject *Kernel_next_batch(Kernel *self, PyObject *const *args, Py_ssize
 }
 
 
+/* The two answers of pairs(): bytearrays for `total` rows (int64) and tokens (int32). 0, or -1
+ * with an error set (both outputs NULL then). */
+static int new_pairs(int64_t total, PyObject **rows_out, int64_t **rows, PyObject **tokens_out, int32_t **tokens) {
+    char *rows_data, *tokens_data;
+    *rows_out = new_bytes(total * 8, &rows_data);
+    *tokens_out = *rows_out != NULL ? new_bytes(total * 4, &tokens_data) : NULL;
+    if (*tokens_out == NULL) {
+        Py_CLEAR(*rows_out);
+        return -1;
+    }
+    *rows = (int64_t *)rows_data, *tokens = (int32_t *)tokens_data;
+    return 0;
+}
+
 /* An updated state's tokens: its base part's (rewritten or the base's own) and its delta part's,
  * two ascending lists (empty where a part is DEAD, final or absent). */
 static void patched_edges(const Patch *p, int64_t state, Edges *base, Edges *delta) {
@@ -590,14 +580,10 @@ static PyObject *patched_pairs(Kernel *self, Ints *states) {
         patched_edges(p, s[i], &a, &b);
         total += a.count + b.count;
     }
-    char *rows_data, *tokens_data;
-    PyObject *result = NULL, *tokens_out = NULL, *rows_out = new_bytes(total * 8, &rows_data);
-    if (rows_out != NULL) {
-        tokens_out = new_bytes(total * 4, &tokens_data);
-    }
-    if (rows_out != NULL && tokens_out != NULL) {
-        int64_t *rows = (int64_t *)rows_data;
-        int32_t *tokens = (int32_t *)tokens_data;
+    int64_t *rows;
+    int32_t *tokens;
+    PyObject *result = NULL, *rows_out, *tokens_out;
+    if (new_pairs(total, &rows_out, &rows, &tokens_out, &tokens) == 0) {
         int64_t at = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < states->size; i++) {
@@ -655,14 +641,10 @@ static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t na
             total += e.count;
         }
     }
-    char *rows_data, *tokens_data;
-    PyObject *result = NULL, *tokens_out = NULL, *rows_out = new_bytes(total * 8, &rows_data);
-    if (rows_out != NULL) {
-        tokens_out = new_bytes(total * 4, &tokens_data);
-    }
-    if (rows_out != NULL && tokens_out != NULL) {
-        int64_t *rows = (int64_t *)rows_data;
-        int32_t *tokens = (int32_t *)tokens_data;
+    int64_t *rows;
+    int32_t *tokens;
+    PyObject *result = NULL, *rows_out, *tokens_out;
+    if (new_pairs(total, &rows_out, &rows, &tokens_out, &tokens) == 0) {
         int failed = 0;
         PyThreadState *saved = self->lazy ? NULL : PyEval_SaveThread(); /* the lazy cache needs the GIL */
         int64_t at = 0;
