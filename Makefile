@@ -63,7 +63,7 @@ test-asan: $(VENV)/.installed-test
 		$(PY) -c "import triemask.base._native as n; assert 'asan-pkg' in n.__file__, n.__file__; print('sanitized:', n.__file__)"
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
-		PYTHONPATH=build/asan-pkg $(PY) -m pytest -q -p no:cacheprovider tests/test_native.py \
+		PYTHONPATH=build/asan-pkg $(PY) -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_native_patterns.py \
 		tests/test_properties.py tests/test_matcher.py tests/test_edges.py tests/test_regex.py tests/test_compile.py \
 		tests/test_lazy.py tests/test_schema_native.py tests/test_update.py
 

@@ -53,6 +53,8 @@
 #include "csrc/step_fill.c"
 #include "csrc/updates.c"
 #include "csrc/compile.c"
+#include "csrc/dag_match.c"
+#include "csrc/pattern_dag.c"
 #include "csrc/tries.c"
 #include "csrc/python_types.c"
 #include "csrc/schema_step.c"
@@ -67,6 +69,10 @@ static PyMethodDef module_methods[] = {
     {"enable_ndarray_headers", enable_ndarray_headers, METH_VARARGS,
      "Check the mirror of NumPy's array header on three probes; read headers directly if it holds."},
     {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
+    {"match_dag", match_dag, METH_VARARGS,
+     "Token matching and edge CSR of an acyclic automaton (see triemask.sets.matching.match_dag)."},
+    {"pattern_dag", pattern_dag, METH_VARARGS,
+     "The minimal acyclic automaton of a finite pattern's syntax tree (see triemask.sets.regex)."},
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},

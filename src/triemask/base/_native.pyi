@@ -50,12 +50,30 @@ class Tables:
         has_children: Any,
         dup_offsets: Any,
         dup_tokens: Any,
+        child_offsets: Any,
+        node_byte: Any,
         /,
     ) -> None: ...
 
 def match_trie(
     tables: Tables, parent: Any, byte: Any, terminal: Any, eos_ids: Any, max_edges: int = -1, /
 ) -> tuple[bytearray, bytearray, bytearray] | None: ...
+def match_dag(
+    tables: Tables,
+    in_offsets: Any,
+    source: Any,
+    byte: Any,
+    accepting: Any,
+    eos_ids: Any,
+    vocab_size: int,
+    max_edges: int,
+    max_work: int,
+    mode: int,
+    /,
+) -> tuple[bytearray, bytearray, bytearray] | str: ...
+def pattern_dag(
+    program: Any, max_nfa_states: int, max_dfa_states: int, max_work: int, /
+) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray] | str | None: ...
 def enable_ndarray_headers(writable: Any, readonly: Any, transposed: Any, /) -> bool: ...
 def build_trie(
     flat: Any, starts: Any, want_inverse: bool, /

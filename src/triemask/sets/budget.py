@@ -26,10 +26,23 @@ class EdgeBudget:
 
     def __init__(self, max_bytes: int | None, num_nodes: int, pattern: str | None) -> None:
         self.max_bytes = max_bytes
-        fixed = 16 * (num_nodes + 1)  # the offsets and levels
-        self.max_edges = -1 if max_bytes is None else (max_bytes - fixed) // self.BYTES_PER_EDGE
+        self.fixed = 16 * (num_nodes + 1)  # the offsets and levels
+        self.num_nodes = num_nodes
+        self.max_edges = -1 if max_bytes is None else (max_bytes - self.fixed) // self.BYTES_PER_EDGE
+        self.max_work = -1 if max_bytes is None else self.WORK_PER_EDGE * self.max_edges
         self.spent = self.work = 0
         self.what = f"the automaton of {pattern!r:.60}" if pattern is not None else "the automaton"
+
+    def check_nodes(self) -> None:
+        """Refuse before any matching when the nodes alone pass the budget (then ``max_edges``
+        is negative, which the C matching would read as no limit)."""
+        if self.max_bytes is not None and self.fixed > self.max_bytes:
+            raise MemoryLimitError(
+                f"{self.what} needs at least {self.fixed:,} bytes for its {self.num_nodes:,} nodes, more "
+                f"than max_bytes={self.max_bytes:,}",
+                limit=self.max_bytes,
+                needed=self.fixed,
+            )
 
     def spend(self, edges: int, frontier: int) -> None:
         """``edges`` found; the next step visits ``frontier`` entries (the work, bounded too:
@@ -40,17 +53,27 @@ class EdgeBudget:
             return
         if max(self.spent, frontier) > self.max_edges:
             self._refuse(max(self.spent, frontier))
-        if self.work > self.WORK_PER_EDGE * self.max_edges:
-            raise MemoryLimitError(
-                f"matching {self.what} against this vocabulary visits more than {self.work:,} paths, more "
-                f"than max_bytes={self.max_bytes:,} allows ({self.WORK_PER_EDGE} per edge it could hold)",
-                limit=self.max_bytes,
-                needed=self.work // self.WORK_PER_EDGE * self.BYTES_PER_EDGE,
-            )
+        if self.work > self.max_work:
+            self._refuse_work(self.work)
+
+    def refuse(self, passed: str) -> None:
+        """Raise for the C matching's answer when it stopped: ``"edges"`` or ``"work"`` passed the budget."""
+        if passed == "work":
+            self._refuse_work(self.max_work + 1)
+        self._refuse(self.max_edges + 1)
 
     def check_total(self, edges: int) -> None:
         if self.max_bytes is not None and edges > self.max_edges:
             self._refuse(edges)
+
+    def _refuse_work(self, work: int) -> None:
+        assert self.max_bytes is not None
+        raise MemoryLimitError(
+            f"matching {self.what} against this vocabulary visits more than {work:,} paths, more "
+            f"than max_bytes={self.max_bytes:,} allows ({self.WORK_PER_EDGE} per edge it could hold)",
+            limit=self.max_bytes,
+            needed=work // self.WORK_PER_EDGE * self.BYTES_PER_EDGE,
+        )
 
     def _refuse(self, edges: int) -> None:
         assert self.max_bytes is not None

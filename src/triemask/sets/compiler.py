@@ -412,14 +412,39 @@ class SetCompiler:
         started = time.perf_counter() if started is None else started
         self._check_eos(eos)
         n, accepting = dag.num_nodes, dag.accepting
-        keys = EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
         budget = EdgeBudget(max_bytes, n, pattern)
-        found = match_dag_by_class(dag, self._index, keys, budget)
-        if found is None:
-            found = match_dag(dag, self._index, keys, budget)
-        if eos:
-            found.append(eos_edges(accepting, n, keys, self._vocab.eos_token_ids))
-        tokens, dests, offsets = keys.csr(found, n)
+        budget.check_nodes()
+        eos_ids = self._vocab.eos_token_ids if eos else ()
+        native = kernels.KERNELS
+        if native is not None:  # the same matching and layout in C (see match_dag)
+            if n + len(accepting) >= 1 << 31:
+                raise ValueSetError(f"{n + len(accepting)} states exceed triemask's 32-bit state ids")
+            try:
+                csr = native.match_dag(
+                    self._index.native_tables(),
+                    dag.in_offsets,
+                    dag.source,
+                    dag.byte,
+                    accepting,
+                    np.asarray(eos_ids, dtype=np.int64),
+                    self._vocab.vocab_size,
+                    budget.max_edges,
+                    budget.max_work,
+                    0,
+                )
+            except OverflowError as error:  # over 2**31 edges
+                raise ValueSetError(f"{error}") from None
+            if isinstance(csr, str):  # stopped when the edges or the walk passed the budget
+                budget.refuse(csr)
+            offsets, tokens, dests = (np.frombuffer(b, dtype=np.int32) for b in csr)
+        else:
+            keys = EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
+            found = match_dag_by_class(dag, self._index, keys, budget)
+            if found is None:
+                found = match_dag(dag, self._index, keys, budget)
+            if eos:
+                found.append(eos_edges(accepting, n, keys, eos_ids))
+            tokens, dests, offsets = keys.csr(found, n)
         if not self._every_byte_is_a_token(dag.byte):
             tokens, dests, offsets, reachable = prune_unreachable(
                 n, dag.level_offsets, accepting, tokens, dests, offsets
@@ -430,7 +455,9 @@ class SetCompiler:
                     value=pattern or "",
                     offset=0,
                 )
-        spell_ids = np.unique(tokens[dests < n])
+        spelled = np.zeros(self._vocab.vocab_size, dtype=bool)  # the text tokens used (a sort costs 10x more)
+        spelled[tokens[dests < n]] = True
+        spell_ids = np.flatnonzero(spelled)
         lengths, starts, data = self._vocab.byte_table()
         spell_lengths = lengths[spell_ids].astype(np.int64)
         spell_offsets = np.zeros(len(spell_ids) + 1, dtype=np.int64)

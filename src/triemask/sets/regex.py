@@ -31,7 +31,7 @@ from typing import Union
 
 import numpy as np
 
-from ..base import BoundedLRU, ByteDag, PatternError, UnboundedPatternError, dag_arrays
+from ..base import BoundedLRU, ByteDag, PatternError, UnboundedPatternError, dag_arrays, kernels
 
 _Row = tuple[tuple[int, int, int], ...]  # (first byte, last byte, target), ascending
 
@@ -65,6 +65,12 @@ _MAX_DFA_STATES = 50_000
 # Subset construction can cost far more than its state count (large subsets of NFA states):
 # a budget on the NFA states and moves it visits keeps a hostile pattern to about a second.
 _MAX_WORK = 200_000  # about 0.06 s on this machine; every built-in format takes under 100,000
+_LIMITS = {  # what a pattern passed, by the C kernel's name for it
+    "nfa": f"the pattern expands to more than {_MAX_NFA_STATES} automaton states",
+    "dfa": f"the pattern's automaton has more than {_MAX_DFA_STATES} states",
+    "work": f"the pattern's automaton takes more than {_MAX_WORK:,} steps to build; simplify it "
+    "(fewer nested repetitions of wide classes)",
+}
 _MAX_CODE_POINT = 0x10FFFF
 _ANY = [(0, 0xD7FF), (0xE000, _MAX_CODE_POINT)]  # every character UTF-8 can spell
 _DIGIT = [(0x30, 0x39)]
@@ -379,7 +385,7 @@ class _Nfa:
 
     def state(self) -> int:
         if len(self.eps) >= _MAX_NFA_STATES:
-            raise self.parser.fail(f"the pattern expands to more than {_MAX_NFA_STATES} automaton states", 0)
+            raise self.parser.fail(_LIMITS["nfa"], 0)
         self.eps.append([])
         self.moves.append([])
         return len(self.eps) - 1
@@ -442,11 +448,7 @@ def _determinise(nfa: _Nfa, start: int, end: int, parser: _Parser) -> tuple[list
         moves = [move for s in current for move in nfa.moves[s]]
         work += len(current) + len(moves) * 2
         if work > _MAX_WORK:
-            raise parser.fail(
-                f"the pattern's automaton takes more than {_MAX_WORK:,} steps to build; simplify it "
-                "(fewer nested repetitions of wide classes)",
-                0,
-            )
+            raise parser.fail(_LIMITS["work"], 0)
         cuts = sorted({lo for lo, _, _ in moves} | {hi + 1 for _, hi, _ in moves})
         row: list[tuple[int, int, int]] = []
         for lo, past in pairwise(cuts):  # elementary intervals: every byte in one has the same moves
@@ -459,7 +461,7 @@ def _determinise(nfa: _Nfa, start: int, end: int, parser: _Parser) -> tuple[list
             target = ids.get(following)
             if target is None:
                 if len(ids) >= _MAX_DFA_STATES:
-                    raise parser.fail(f"the pattern's automaton has more than {_MAX_DFA_STATES} states", 0)
+                    raise parser.fail(_LIMITS["dfa"], 0)
                 target = ids[following] = len(ids)
                 pending.append(following)
             if row and row[-1][2] == target and row[-1][1] == lo - 1:
@@ -536,11 +538,25 @@ def _minimise(transitions: list[_Row], accepting: list[bool]) -> ByteDag | None:
             topo.append(node)
     topo.reverse()
     depth = {start: 0}
+    entries: dict[int, list[tuple[int, int]]] = {}  # per state: (source, first byte) of its edges in
     for node in topo:
-        for _, _, child in rows[node][0]:
+        for lo, _, child in rows[node][0]:
             depth[child] = max(depth.get(child, 0), depth[node] + 1)
-    ordered = sorted(topo, key=lambda s: (depth[s], s))
-    number = {state: i for i, state in enumerate(ordered)}
+            entries.setdefault(child, []).append((node, lo))
+    # Canonical numbering (the C kernel's too): level by level, and within a level by the
+    # smallest (number of the source, byte) of an edge in, distinct by determinism.
+    levels_of: dict[int, list[int]] = {}
+    for node in topo:
+        levels_of.setdefault(depth[node], []).append(node)
+    number: dict[int, int] = {}
+    ordered: list[int] = []
+    for level in range(len(levels_of)):
+        members = levels_of[level]
+        if level:
+            members.sort(key=lambda s: min(number[a] * 256 + lo for a, lo in entries[s]))
+        for state in members:
+            number[state] = len(number)
+        ordered += members
     sources: list[int] = []
     bytes_: list[int] = []
     dests: list[int] = []
@@ -604,14 +620,54 @@ def dag_of_pattern(pattern: str) -> ByteDag:
 def _dag_of_pattern(pattern: str) -> ByteDag:
     parser = _Parser(pattern)
     tree = parser.parse()
-    nfa = _Nfa(parser)
-    start, end = nfa.state(), nfa.state()
-    nfa.build(tree, start, end)
-    transitions, accepting = _determinise(nfa, start, end, parser)
-    dag = _minimise(transitions, accepting)
+    native = kernels.KERNELS
+    if native is not None:  # the same automaton, numbered the same, in C (see _program)
+        program: list[int] = []
+        _program(tree, program)
+        built = native.pattern_dag(np.asarray(program, dtype=np.int32), _MAX_NFA_STATES, _MAX_DFA_STATES, _MAX_WORK)
+        if isinstance(built, str):
+            raise parser.fail(_LIMITS[built], 0)
+        dag = None if built is None else _native_dag(built)
+    else:
+        nfa = _Nfa(parser)
+        start, end = nfa.state(), nfa.state()
+        nfa.build(tree, start, end)
+        transitions, accepting = _determinise(nfa, start, end, parser)
+        dag = _minimise(transitions, accepting)
     if dag is None:
         raise parser.fail("the pattern matches no string", 0)
     return dag
+
+
+def _program(node: _Node, out: list[int]) -> None:
+    """The syntax tree in prefix order, as the C kernel's ``pattern_dag`` reads it: ``0 n (len
+    (lo hi)*len)*n`` byte-range sequences, ``1 n part*n`` a concatenation, ``2 n option*n`` an
+    alternation, ``3 low high body`` a repetition."""
+    if isinstance(node, _Chars):
+        sequences = _byte_sequences(node.ranges)
+        out += (0, len(sequences))
+        for sequence in sequences:
+            out.append(len(sequence))
+            for low, high in sequence:
+                out += (low, high)
+    elif isinstance(node, _Repeat):
+        out += (3, node.low, node.high)
+        _program(node.body, out)
+    else:
+        children = node.parts if isinstance(node, _Concat) else node.options
+        out += (1 if isinstance(node, _Concat) else 2, len(children))
+        for child in children:
+            _program(child, out)
+
+
+def _native_dag(arrays: tuple[bytearray, ...]) -> ByteDag:
+    dtypes = (np.int64, np.int32, np.uint8, np.int32, np.int32, np.int64)
+    in_offsets, source, byte, dest, accepting, level_offsets = (
+        np.frombuffer(array, dtype=dtype) for array, dtype in zip(arrays, dtypes, strict=True)
+    )
+    for array in (in_offsets, source, byte, dest, accepting, level_offsets):
+        array.flags.writeable = False
+    return ByteDag(in_offsets, source, byte, dest, accepting, level_offsets)
 
 
 def literal_alternatives(pattern: str) -> list[str] | None:

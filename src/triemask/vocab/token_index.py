@@ -349,6 +349,8 @@ class TokenIndex:
                 self.has_children,
                 self.dup_offsets,
                 self.dup_tokens,
+                self.child_offsets,
+                self.node_byte,
             )
         return self.native
 

@@ -28,44 +28,55 @@ static inline int32_t index_child(const Index *ix, int32_t u, uint8_t b) {
 }
 
 /* Tables(dense, dense_nodes, hash_table, hash_shift, first_token, has_children,
- *        dup_offsets|None, dup_tokens|None): a token index's transition tables, checked
- *        once (every transition and offset in range) and held for match_trie. */
+ *        dup_offsets|None, dup_tokens|None, child_offsets, node_byte): a token index's
+ *        transition tables, checked once (every transition and offset in range) and held for
+ *        match_trie and match_dag (which also enumerates a node's children: child_offsets[u]
+ *        .. child_offsets[u + 1], each after its parent, node_byte the byte into each). */
 typedef struct {
     PyObject_HEAD
-    Py_buffer views[6];
-    int held;
+    Py_buffer views[8];
+    int held; /* a bit per view held (the duplicates' two may be absent) */
+    int ready; /* every check passed */
     int have_dups;
     Index ix;
     Py_ssize_t index_nodes;
+    const int32_t *child_offsets;
+    const uint8_t *node_byte;
 } Tables;
 
 static void Tables_dealloc(Tables *self) {
-    for (int i = 0; i < self->held; i++) {
-        PyBuffer_Release(&self->views[i]);
+    for (int i = 0; i < 8; i++) {
+        if (self->held & (1 << i)) {
+            PyBuffer_Release(&self->views[i]);
+        }
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static int Tables_init(Tables *self, PyObject *args, PyObject *kwds) {
-    PyObject *objs[6];
+    PyObject *objs[8];
     long long dense_nodes;
     int shift;
     if (self->held) {
         PyErr_SetString(PyExc_RuntimeError, "Tables is already initialised");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "OLOiOOOO", &objs[0], &dense_nodes, &objs[1], &shift, &objs[2], &objs[3], &objs[4],
-                          &objs[5])) {
+    if (!PyArg_ParseTuple(args, "OLOiOOOOOO", &objs[0], &dense_nodes, &objs[1], &shift, &objs[2], &objs[3], &objs[4],
+                          &objs[5], &objs[6], &objs[7])) {
         return -1;
     }
-    static const Py_ssize_t sizes[6] = {4, 8, 4, 1, 8, 4};
-    static const char *names[6] = {"dense", "hash_table", "first_token", "has_children", "dup_offsets", "dup_tokens"};
+    static const Py_ssize_t sizes[8] = {4, 8, 4, 1, 8, 4, 4, 1};
+    static const char *names[8] = {"dense",      "hash_table", "first_token",   "has_children",
+                                   "dup_offsets", "dup_tokens", "child_offsets", "node_byte"};
     self->have_dups = objs[4] != Py_None && objs[5] != Py_None;
-    for (int i = 0; i < (self->have_dups ? 6 : 4); i++) {
+    for (int i = 0; i < 8; i++) {
+        if ((i == 4 || i == 5) && !self->have_dups) {
+            continue;
+        }
         if (get_array(objs[i], &self->views[i], sizes[i], names[i]) < 0) {
             return -1;
         }
-        self->held = i + 1;
+        self->held |= 1 << i;
     }
     Py_ssize_t index_nodes = self->views[2].shape[0] - 1, table_size = self->views[1].shape[0];
     if (index_nodes < 1 || self->views[3].shape[0] != index_nodes + 1 || dense_nodes < 0 ||
@@ -105,8 +116,24 @@ static int Tables_init(Tables *self, PyObject *args, PyObject *kwds) {
             }
         }
     }
+    const int32_t *child_offsets = (const int32_t *)self->views[6].buf;
+    if (self->views[6].shape[0] != index_nodes + 2 || self->views[7].shape[0] != index_nodes + 1 ||
+        child_offsets[0] != 1 || child_offsets[index_nodes + 1] != index_nodes) {
+        PyErr_SetString(PyExc_ValueError, "Tables: child offsets inconsistent with the index");
+        return -1;
+    }
+    for (Py_ssize_t u = 0; u <= index_nodes; u++) {
+        int32_t lo = child_offsets[u], hi = child_offsets[u + 1];
+        if (hi < lo || hi > index_nodes || (hi > lo && lo <= u)) {
+            PyErr_SetString(PyExc_ValueError, "Tables: children must follow their parent, in range");
+            return -1;
+        }
+    }
+    self->child_offsets = child_offsets;
+    self->node_byte = (const uint8_t *)self->views[7].buf;
     self->ix = (Index){dense, dense_nodes, slots, (uint64_t)table_size - 1, shift, (int32_t)index_nodes};
     self->index_nodes = index_nodes;
+    self->ready = 1;
     return 0;
 }
 
@@ -136,7 +163,7 @@ static PyObject *match_trie(PyObject *module, PyObject *args) {
         return NULL;
     }
     Tables *tables = (Tables *)tables_obj;
-    if (!tables->held) {
+    if (!tables->ready) {
         PyErr_SetString(PyExc_ValueError, "match_trie: uninitialised Tables");
         return NULL;
     }

@@ -1,0 +1,178 @@
+"""Pattern compiles in C against the NumPy/Python reference: the same minimal automaton, numbered
+the same (``pattern_dag``), the same edges (``match_dag``, byte and class matching), the same
+refusals, on random patterns and vocabularies and on real ones; and the kernel's checks of what
+it is given (never a crash on a malformed program or inconsistent arrays)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import real_vocabulary
+from test_regex import patterns, vocabularies
+from triemask import FORMATS, Compiler, MemoryLimitError, PatternError, TriemaskError, Vocabulary
+from triemask.base import kernels as _kernels
+from triemask.sets import regex as _regex
+
+pytestmark = pytest.mark.skipif(not _kernels.NATIVE, reason="built without the C extension")
+
+DAG_FIELDS = ("in_offsets", "source", "byte", "dest", "accepting", "level_offsets")
+REAL_PATTERNS = [
+    *FORMATS.values(),
+    r"\+[1-9][0-9]{6,14}",  # E.164 phone numbers
+    r"\(?[0-9]{3}\)?[-. ]?[0-9]{3}[-. ]?[0-9]{4}",
+    r"[A-TV-Z][0-9][0-9AB](\.[0-9A-Z]{1,4})?",  # ICD-10-CM codes
+    r"(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})\.(0|[1-9][0-9]{0,3})(-[0-9A-Za-z]{1,8})?",  # semver
+    r"[A-Za-z_][A-Za-z0-9_]{0,7}",
+    "x[a-e]{3}é{1,2}|[^a-z]{2}",
+]
+
+
+def outcome(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """A call's result, or its error's type and message."""
+    try:
+        return call(*args, **kwargs)
+    except TriemaskError as error:
+        return type(error), str(error)
+
+
+def reference(monkeypatch: pytest.MonkeyPatch, call: Any, *args: Any, **kwargs: Any) -> Any:
+    with monkeypatch.context() as patch:
+        patch.setattr(_kernels, "KERNELS", None)
+        _regex.clear_pattern_cache()
+        try:
+            return outcome(call, *args, **kwargs)
+        finally:
+            _regex.clear_pattern_cache()
+
+
+def same_dag(mine: Any, theirs: Any) -> None:
+    if isinstance(theirs, tuple):  # an error
+        assert mine == theirs
+        return
+    for name in DAG_FIELDS:
+        a, b = getattr(mine, name), getattr(theirs, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+
+
+def same_automaton(mine: Any, theirs: Any) -> None:
+    if isinstance(theirs, tuple):
+        assert mine == theirs
+        return
+    ours, others = mine._stored_arrays(), theirs._stored_arrays()
+    assert ours.keys() == others.keys()
+    for name, array in ours.items():
+        if isinstance(array, np.ndarray):
+            assert array.dtype == others[name].dtype and np.array_equal(array, others[name]), name
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(pattern=patterns(), table=vocabularies(), eos=st.booleans(), budget=st.sampled_from([None, 600, 4_000]))
+def test_random_patterns_compile_as_the_reference(
+    pattern: tuple[str, int], table: list[bytes | None], eos: bool, budget: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The automaton (numbering included) and the compiled edges, or the same typed error."""
+    text = pattern[0]
+    _regex.clear_pattern_cache()
+    same_dag(outcome(_regex.dag_of_pattern, text), reference(monkeypatch, _regex.dag_of_pattern, text))
+    vocab = Vocabulary(table, eos_token_ids=[len(table) - 1], vocab_size=len(table) + 2)
+    compiler = Compiler(vocab)
+    same_automaton(
+        outcome(compiler.compile_regex, text, eos=eos, max_bytes=budget),
+        reference(monkeypatch, compiler.compile_regex, text, eos=eos, max_bytes=budget),
+    )
+
+
+@pytest.mark.parametrize("name", ["qwen2", "mistral-spm-32k", "o200k_base"])
+def test_real_patterns_compile_as_the_reference(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Formats and real-world patterns on real vocabularies (duplicate tokens in SentencePiece's
+    byte fallback); the byte and class matchings agree whichever the kernel would choose."""
+    compiler = Compiler(real_vocabulary(name).vocab)
+    native = _kernels.KERNELS
+    assert native is not None
+    for pattern in REAL_PATTERNS:
+        same_automaton(compiler.compile_regex(pattern), reference(monkeypatch, compiler.compile_regex, pattern))
+        dag = _regex.dag_of_pattern(pattern)
+        eos = np.asarray(compiler.vocab.eos_token_ids, dtype=np.int64)
+        tables = compiler._index.native_tables()
+        answers = [
+            native.match_dag(
+                tables,
+                dag.in_offsets,
+                dag.source,
+                dag.byte,
+                dag.accepting,
+                eos,
+                compiler.vocab.vocab_size,
+                -1,
+                -1,
+                mode,
+            )
+            for mode in (0, 1, 2)
+        ]
+        assert answers[0] == answers[1] == answers[2], pattern
+
+
+@pytest.mark.parametrize("pattern", ["(.{0,50}){0,50}", "[ab]{0,30}a[ab]{30}", "((a{100}){100}){19}", "a{50001}"])
+def test_refusals_are_the_reference_refusals(pattern: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _regex.clear_pattern_cache()
+    mine = outcome(_regex.dag_of_pattern, pattern)
+    assert mine == reference(monkeypatch, _regex.dag_of_pattern, pattern)
+    assert mine[0] is PatternError
+
+
+def test_budgets_stop_the_native_matching(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pattern whose edges pass max_bytes is refused by the C matching as by the reference."""
+    compiler = Compiler(real_vocabulary("qwen2").vocab)
+    for pattern, limit in [(r"[A-Za-z]{1,12}", 200_000), (FORMATS["uuid"], 20_000)]:
+        mine = outcome(compiler.compile_regex, pattern, max_bytes=limit)
+        assert mine[0] is MemoryLimitError and "max_bytes=" in mine[1]
+        assert reference(monkeypatch, compiler.compile_regex, pattern, max_bytes=limit)[0] is MemoryLimitError
+
+
+@settings(max_examples=300, deadline=None)
+@given(program=st.lists(st.integers(-3, 300), max_size=40))
+def test_malformed_programs_are_value_errors(program: list[int]) -> None:
+    """pattern_dag reads any int32 array without reading past it: a malformed program is a
+    ValueError, a well-formed one an automaton, an empty language None, or a limit's name."""
+    native = _kernels.KERNELS
+    assert native is not None
+    try:
+        answer = native.pattern_dag(np.asarray(program, dtype=np.int32), 64, 64, 10_000)
+    except ValueError as error:
+        assert "malformed" in str(error)
+    else:
+        assert answer is None or answer in ("nfa", "dfa", "work") or len(answer) == 6
+
+
+def test_match_dag_checks_its_arrays() -> None:
+    native = _kernels.KERNELS
+    assert native is not None
+    compiler = Compiler(real_vocabulary("qwen2").vocab)
+    tables = compiler._index.native_tables()
+    dag = _regex.dag_of_pattern("[0-9]{2}")
+    eos = np.zeros(0, dtype=np.int64)
+    good = [dag.in_offsets, dag.source, dag.byte, dag.accepting, eos]
+    size = compiler.vocab.vocab_size
+    assert isinstance(native.match_dag(tables, *good, size, -1, -1, 0), tuple)
+    cyclic = dag.source.copy()
+    cyclic[-1] = dag.num_nodes - 1  # an edge into its own source: not acyclic
+    bad: list[list[Any]] = [
+        [dag.in_offsets[:-1], *good[1:]],
+        [good[0], cyclic, *good[2:]],
+        [*good[:3], np.array([dag.num_nodes], dtype=np.int32), eos],
+        [*good[:4], np.array([size], dtype=np.int64)],
+    ]
+    for arrays in bad:
+        with pytest.raises(ValueError, match="inconsistent"):
+            native.match_dag(tables, *arrays, size, -1, -1, 0)
+    with pytest.raises(ValueError):
+        native.match_dag(tables, *good, size, -1, -1, 3)
+    assert native.match_dag(tables, *good, size, 0, -1, 0) == "edges"
+    assert native.match_dag(tables, *good, size, -1, 0, 0) == "work"
