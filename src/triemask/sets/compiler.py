@@ -416,6 +416,7 @@ class SetCompiler:
         budget.check_nodes()
         eos_ids = self._vocab.eos_token_ids if eos else ()
         native = kernels.KERNELS
+        spell_ids: npt.NDArray[np.int32] | npt.NDArray[np.intp] | None = None  # the text tokens on edges
         if native is not None:  # the same matching and layout in C (see match_dag)
             if n + len(accepting) >= 1 << 31:
                 raise ValueSetError(f"{n + len(accepting)} states exceed triemask's 32-bit state ids")
@@ -436,7 +437,7 @@ class SetCompiler:
                 raise ValueSetError(f"{error}") from None
             if isinstance(csr, str):  # stopped when the edges or the walk passed the budget
                 budget.refuse(csr)
-            offsets, tokens, dests = (np.frombuffer(b, dtype=np.int32) for b in csr)
+            offsets, tokens, dests, spell_ids = (np.frombuffer(b, dtype=np.int32) for b in csr)
         else:
             keys = EdgeKeys(n, n + len(accepting), self._vocab.vocab_size)
             found = match_dag_by_class(dag, self._index, keys, budget)
@@ -455,9 +456,11 @@ class SetCompiler:
                     value=pattern or "",
                     offset=0,
                 )
-        spelled = np.zeros(self._vocab.vocab_size, dtype=bool)  # the text tokens used (a sort costs 10x more)
-        spelled[tokens[dests < n]] = True
-        spell_ids = np.flatnonzero(spelled)
+            spell_ids = None  # the pruning dropped edges: their tokens again
+        if spell_ids is None:
+            spelled = np.zeros(self._vocab.vocab_size, dtype=bool)  # the text tokens used (a sort costs 10x more)
+            spelled[tokens[dests < n]] = True
+            spell_ids = np.flatnonzero(spelled)
         lengths, starts, data = self._vocab.byte_table()
         spell_lengths = lengths[spell_ids].astype(np.int64)
         spell_offsets = np.zeros(len(spell_ids) + 1, dtype=np.int64)

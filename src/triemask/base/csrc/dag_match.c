@@ -2,8 +2,8 @@
 
 /* match_dag(tables, in_offsets i64[n + 1], source i32[E], byte u8[E], accepting i32[K], eos_ids i64,
  *           vocab_size, max_edges, max_work, mode)
- *   -> (edge_offsets int32[n + 2], edge_tokens int32, edge_dests int32) as bytearrays, or the
- *      str "edges" / "work" as soon as the text edges pass max_edges / the walk's steps pass
+ *   -> (edge_offsets int32[n + 2], edge_tokens int32, edge_dests int32, spelled int32) as bytearrays
+ *      (spelled: the distinct text tokens on the edges, ascending), or the str "edges" / "work" as soon as the text edges pass max_edges / the walk's steps pass
  *      max_work (each -1: no limit), before the large allocations
  *
  * match_trie for a deterministic acyclic byte automaton (see triemask.sets.matching.match_dag):
@@ -255,11 +255,25 @@ static int class_suffixes(Suffixes *s, const Climb *climb, const int32_t classes
         }
     }
     free(outs);
-    /* depth first over the index: (index node, class node, the class that starts the string, depth) */
+    /* the bytes that may come before a string starting with class `last` (row k: any string) */
+    uint8_t *before = (uint8_t *)malloc(((size_t)k + 1) * 256);
+    int16_t *before_count = (int16_t *)calloc((size_t)k + 1, sizeof(int16_t));
+    for (int last = 0; before != NULL && before_count != NULL && last <= k; last++) {
+        for (int b = 0; b < 256; b++) {
+            int c = classes[b];
+            if (c >= 0 && (last == k || follows[c][last / 64] >> (last % 64) & 1)) {
+                before[last * 256 + before_count[last]++] = (uint8_t)b;
+            }
+        }
+    }
+    /* depth first over the index: (index node, class node, the class that starts the string, depth);
+       a node's children are read from its list, or looked up byte by byte where it has more
+       children than bytes may come before (the index root has every byte) */
     Int32s stack = {0}, tokens = {0};
     uint8_t *branches = NULL;
     int64_t nodes = 1, branches_cap = 0;
-    int failed = map_init(&s->child, 1024) < 0 || ints_push(&stack, 4, 0, 0, -1, 0) < 0;
+    int failed = before == NULL || before_count == NULL || map_init(&s->child, 1024) < 0 ||
+                 ints_push(&stack, 4, 0, 0, k, 0) < 0;
     while (!failed && stack.size) {
         stack.size -= 4;
         int32_t u = stack.data[stack.size], cnode = stack.data[stack.size + 1], last = stack.data[stack.size + 2];
@@ -267,9 +281,15 @@ static int class_suffixes(Suffixes *s, const Climb *climb, const int32_t classes
         if (depth >= longest) {
             continue;
         }
-        for (int32_t v = t->child_offsets[u]; !failed && v < t->child_offsets[u + 1]; v++) {
+        int32_t first = t->child_offsets[u], children = t->child_offsets[u + 1] - first;
+        int by_lookup = children > before_count[last];
+        for (int32_t i = 0; !failed && i < (by_lookup ? before_count[last] : children); i++) {
+            int32_t v = by_lookup ? index_child(&t->ix, u, before[last * 256 + i]) : first + i;
+            if (v == t->ix.sentinel) {
+                continue;
+            }
             int32_t c = classes[t->node_byte[v]];
-            if (c < 0 || (last >= 0 && !(follows[c][last / 64] >> (last % 64) & 1))) {
+            if (c < 0 || (last < k && !(follows[c][last / 64] >> (last % 64) & 1))) {
                 continue;
             }
             int added;
@@ -306,7 +326,7 @@ static int class_suffixes(Suffixes *s, const Climb *climb, const int32_t classes
             }
         }
     }
-    free(stack.data);
+    free(stack.data), free(before), free(before_count);
     /* per class node: whether it has children, and its tokens (a counting sort of the pairs) */
     s->branches = (uint8_t *)calloc((size_t)nodes + 1, 1);
     s->group_offsets = (int64_t *)calloc((size_t)nodes + 2, sizeof(int64_t));
@@ -334,69 +354,135 @@ static int class_suffixes(Suffixes *s, const Climb *climb, const int32_t classes
     return 0;
 }
 
-/* The CSR of the found triples (source, token, destination) plus the EOS edges: see the header. */
+/* The CSR of the found triples (source, token, destination) plus the EOS edges: rows by source,
+ * tokens ascending within a row, in time linear in the edges. Rows are counted first. A wide row
+ * (a token in 64 of the vocabulary or more) is filled in any order and then ordered through a
+ * bitmap of its tokens; the edges of the narrow rows are ordered together by a least-significant-
+ * digit radix sort by token (11 bits a pass) and then dealt to their rows, which keeps that order.
+ * A (source, token) pair occurs twice only for an EOS id that is also a text token: that row is
+ * then sorted as keys (token, destination), the NumPy compiler's order. */
+#define RADIX_BITS 11
 static int dag_csr(const Int32s *found, int32_t n, const int32_t *accepting, Py_ssize_t k, const int64_t *eos_ids,
                    Py_ssize_t n_eos, int64_t vocab_size, int32_t *offsets, int32_t *tokens, int32_t *dests) {
-    int64_t text = found->size / 3, total = text + (int64_t)k * n_eos;
+    int64_t text = found->size / 3, total = text + (int64_t)k * n_eos, buckets = (int64_t)1 << RADIX_BITS;
+    size_t room = (size_t)(total > 0 ? total : 1);
     int64_t *cursor = (int64_t *)calloc((size_t)n + 1, sizeof(int64_t));
-    uint64_t *keys = (uint64_t *)malloc((size_t)(total > 0 ? total : 1) * sizeof(uint64_t));
-    uint64_t *seen = (uint64_t *)calloc((size_t)(vocab_size + 63) / 64, sizeof(uint64_t));
-    int32_t *dest_of = (int32_t *)malloc((size_t)vocab_size * sizeof(int32_t));
-    int failed = cursor == NULL || keys == NULL || seen == NULL || dest_of == NULL;
-    if (!failed) {
-        for (int64_t i = 0; i < text; i++) {
-            cursor[found->data[3 * i]]++;
+    uint64_t *keys = (uint64_t *)malloc(room * sizeof(uint64_t)), *narrow = (uint64_t *)malloc(room * sizeof(uint64_t));
+    int32_t *narrow_row = (int32_t *)malloc(room * sizeof(int32_t));
+    uint64_t *seen = NULL, *spare = NULL;
+    int32_t *dest_of = NULL, *spare_row = NULL;
+    int failed = cursor == NULL || keys == NULL || narrow == NULL || narrow_row == NULL;
+    if (failed) {
+        goto out;
+    }
+    for (int64_t i = 0; i < text; i++) {
+        cursor[found->data[3 * i]]++;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        cursor[accepting[i]] += n_eos;
+    }
+    offsets[0] = 0;
+    int wide_rows = 0;
+    for (int32_t a = 0; a <= n; a++) {
+        offsets[a + 1] = offsets[a] + (int32_t)(a < n ? cursor[a] : 0);
+        wide_rows |= a < n && cursor[a] * 64 >= vocab_size;
+        cursor[a] = offsets[a];
+    }
+    /* wide rows' edges straight to their rows, the narrow rows' aside */
+    int64_t narrow_count = 0;
+    for (int64_t i = 0; i < total; i++) {
+        int32_t a, token, dest;
+        if (i < text) {
+            a = found->data[3 * i], token = found->data[3 * i + 1], dest = found->data[3 * i + 2];
+        } else {
+            int64_t j = i - text;
+            a = accepting[j / n_eos], token = (int32_t)eos_ids[j % n_eos], dest = n + (int32_t)(j / n_eos);
         }
-        for (Py_ssize_t i = 0; i < k; i++) {
-            cursor[accepting[i]] += n_eos;
-        }
-        offsets[0] = 0;
-        for (int32_t a = 0; a <= n; a++) {
-            offsets[a + 1] = offsets[a] + (int32_t)(a < n ? cursor[a] : 0);
-            cursor[a] = offsets[a];
-        }
-        for (int64_t i = 0; i < text; i++) {
-            const int32_t *t = found->data + 3 * i;
-            keys[cursor[t[0]]++] = (uint64_t)(uint32_t)t[1] << 32 | (uint32_t)t[2];
-        }
-        for (Py_ssize_t i = 0; i < k; i++) {
-            for (Py_ssize_t e = 0; e < n_eos; e++) {
-                keys[cursor[accepting[i]]++] = (uint64_t)eos_ids[e] << 32 | (uint32_t)(n + i);
-            }
-        }
-        for (int32_t a = 0; a < n; a++) {
-            uint64_t *row = keys + offsets[a];
-            int64_t size = offsets[a + 1] - offsets[a], lowest = vocab_size, highest = -1, i = 0;
-            if (size * 64 >= vocab_size) { /* a wide row: set the tokens' bits, read them back in order */
-                for (; i < size; i++) {
-                    int64_t token = (int64_t)(row[i] >> 32);
-                    if (seen[token / 64] >> (token % 64) & 1) {
-                        break; /* a token twice (an EOS id spelled as text too): sort instead */
-                    }
-                    seen[token / 64] |= 1ULL << (token % 64);
-                    dest_of[token] = (int32_t)(row[i] & 0xFFFFFFFFu);
-                    lowest = token < lowest ? token : lowest, highest = token > highest ? token : highest;
-                }
-                for (int64_t w = lowest / 64, at = 0; highest >= 0 && w <= highest / 64; w++) {
-                    for (uint64_t bits = seen[w]; bits; bits &= bits - 1) {
-                        int64_t token = w * 64 + __builtin_ctzll(bits);
-                        if (i == size) {
-                            row[at++] = (uint64_t)token << 32 | (uint32_t)dest_of[token];
-                        }
-                    }
-                    seen[w] = 0;
-                }
-            }
-            if (i < size) {
-                sort_keys(row, size);
-            }
-        }
-        for (int64_t i = 0; i < total; i++) {
-            tokens[i] = (int32_t)(keys[i] >> 32);
-            dests[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
+        uint64_t key = (uint64_t)(uint32_t)token << 32 | (uint32_t)dest;
+        if ((int64_t)(offsets[a + 1] - offsets[a]) * 64 >= vocab_size) {
+            keys[cursor[a]++] = key;
+        } else {
+            narrow[narrow_count] = key, narrow_row[narrow_count++] = a;
         }
     }
-    free(cursor), free(keys), free(seen), free(dest_of);
+    if (wide_rows) {
+        seen = (uint64_t *)calloc((size_t)(vocab_size + 63) / 64, sizeof(uint64_t));
+        dest_of = (int32_t *)malloc((size_t)vocab_size * sizeof(int32_t));
+        if (seen == NULL || dest_of == NULL) {
+            failed = 1;
+            goto out;
+        }
+    }
+    for (int32_t a = 0; wide_rows && a < n; a++) {
+        uint64_t *row = keys + offsets[a];
+        int64_t size = offsets[a + 1] - offsets[a], lowest = vocab_size, highest = -1, i = 0;
+        if (size * 64 < vocab_size) {
+            continue;
+        }
+        for (; i < size; i++) {
+            int64_t token = (int64_t)(row[i] >> 32);
+            if (seen[token / 64] >> (token % 64) & 1) {
+                break; /* a token twice: sorted as keys below */
+            }
+            seen[token / 64] |= 1ULL << (token % 64);
+            dest_of[token] = (int32_t)(row[i] & 0xFFFFFFFFu);
+            lowest = token < lowest ? token : lowest, highest = token > highest ? token : highest;
+        }
+        for (int64_t w = lowest / 64, at = 0; highest >= 0 && w <= highest / 64; w++) {
+            for (uint64_t bits = seen[w]; bits && i == size; bits &= bits - 1) {
+                int64_t token = w * 64 + __builtin_ctzll(bits);
+                row[at++] = (uint64_t)token << 32 | (uint32_t)dest_of[token];
+            }
+            seen[w] = 0;
+        }
+        if (i < size) {
+            sort_keys(row, size);
+        }
+    }
+    if (narrow_count) {
+        spare = (uint64_t *)malloc((size_t)narrow_count * sizeof(uint64_t));
+        spare_row = (int32_t *)malloc((size_t)narrow_count * sizeof(int32_t));
+        if (spare == NULL || spare_row == NULL) {
+            failed = 1;
+            goto out;
+        }
+    }
+    int64_t histogram[(1 << RADIX_BITS) + 1];
+    for (int shift = 32; narrow_count && shift < 32 + 64 - __builtin_clzll((uint64_t)vocab_size); shift += RADIX_BITS) {
+        memset(histogram, 0, sizeof(histogram));
+        for (int64_t i = 0; i < narrow_count; i++) {
+            histogram[(narrow[i] >> shift & (uint64_t)(buckets - 1)) + 1]++;
+        }
+        for (int64_t b = 0; b < buckets; b++) {
+            histogram[b + 1] += histogram[b];
+        }
+        for (int64_t i = 0; i < narrow_count; i++) {
+            int64_t to = histogram[narrow[i] >> shift & (uint64_t)(buckets - 1)]++;
+            spare[to] = narrow[i], spare_row[to] = narrow_row[i];
+        }
+        uint64_t *swap_keys = narrow;
+        narrow = spare, spare = swap_keys;
+        int32_t *swap_rows = narrow_row;
+        narrow_row = spare_row, spare_row = swap_rows;
+    }
+    for (int64_t i = 0; i < narrow_count; i++) { /* to the rows, tokens ascending */
+        keys[cursor[narrow_row[i]]++] = narrow[i];
+    }
+    for (int32_t a = 0; narrow_count && a < n; a++) { /* a token twice (text and EOS): by destination */
+        int64_t size = offsets[a + 1] - offsets[a];
+        for (int64_t i = 1; size * 64 < vocab_size && i < size; i++) {
+            if (keys[offsets[a] + i] >> 32 == keys[offsets[a] + i - 1] >> 32) {
+                sort_keys(keys + offsets[a], size);
+                break;
+            }
+        }
+    }
+    for (int64_t i = 0; i < total; i++) {
+        tokens[i] = (int32_t)(keys[i] >> 32);
+        dests[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
+    }
+out:
+    free(cursor), free(keys), free(narrow), free(narrow_row), free(seen), free(dest_of), free(spare), free(spare_row);
     return failed ? -1 : 0;
 }
 
@@ -427,7 +513,7 @@ static PyObject *match_dag(PyObject *module, PyObject *args) {
         }
         held = i + 1;
     }
-    PyObject *result = NULL, *offsets_out = NULL, *tokens_out = NULL, *dests_out = NULL;
+    PyObject *result = NULL, *offsets_out = NULL, *tokens_out = NULL, *dests_out = NULL, *spelled_out = NULL;
     const int64_t *in_offsets = (const int64_t *)in_view.buf, *eos_ids = (const int64_t *)eos_view.buf;
     const int32_t *source = (const int32_t *)source_view.buf, *accepting = (const int32_t *)accepting_view.buf;
     const uint8_t *byte = (const uint8_t *)byte_view.buf;
@@ -560,20 +646,36 @@ static PyObject *match_dag(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_OverflowError, "more than 2**31 edges");
         goto done;
     }
-    char *offsets_data = NULL, *tokens_data = NULL, *dests_data = NULL;
-    offsets_out = new_bytes((n + 2) * 4, &offsets_data);
+    /* the distinct text tokens, from a bitmap of them */
+    uint64_t *used = (uint64_t *)calloc((size_t)(vocab_size + 63) / 64, sizeof(uint64_t));
+    int64_t spelled = 0;
+    for (int64_t i = 0; used != NULL && i < found.size / 3; i++) {
+        int32_t token = found.data[3 * i + 1];
+        spelled += !(used[token / 64] >> (token % 64) & 1);
+        used[token / 64] |= 1ULL << (token % 64);
+    }
+    char *offsets_data = NULL, *tokens_data = NULL, *dests_data = NULL, *spelled_data = NULL;
+    offsets_out = used ? new_bytes((n + 2) * 4, &offsets_data) : PyErr_NoMemory();
     tokens_out = offsets_out ? new_bytes(total * 4, &tokens_data) : NULL;
     dests_out = tokens_out ? new_bytes(total * 4, &dests_data) : NULL;
-    if (dests_out == NULL) {
-        free(found.data);
+    spelled_out = dests_out ? new_bytes(spelled * 4, &spelled_data) : NULL;
+    if (spelled_out == NULL) {
+        free(found.data), free(used);
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
+    int32_t *spelled_ids = (int32_t *)spelled_data;
+    for (int64_t w = 0, at = 0; w < (vocab_size + 63) / 64; w++) {
+        for (uint64_t bits = used[w]; bits; bits &= bits - 1) {
+            spelled_ids[at++] = (int32_t)(w * 64 + __builtin_ctzll(bits));
+        }
+    }
+    free(used);
     failed = dag_csr(&found, (int32_t)n, accepting, k, eos_ids, n_eos, vocab_size, (int32_t *)offsets_data,
                      (int32_t *)tokens_data, (int32_t *)dests_data) < 0;
     free(found.data);
     Py_END_ALLOW_THREADS
-    result = failed ? PyErr_NoMemory() : PyTuple_Pack(3, offsets_out, tokens_out, dests_out);
+    result = failed ? PyErr_NoMemory() : PyTuple_Pack(4, offsets_out, tokens_out, dests_out, spelled_out);
 done:
     for (int i = 0; i < held; i++) {
         PyBuffer_Release(views[i]);
@@ -581,5 +683,6 @@ done:
     Py_XDECREF(offsets_out);
     Py_XDECREF(tokens_out);
     Py_XDECREF(dests_out);
+    Py_XDECREF(spelled_out);
     return result;
 }
