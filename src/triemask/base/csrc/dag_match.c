@@ -28,15 +28,26 @@ typedef struct {
     int64_t size, capacity;
 } Int32s;
 
-/* Appends `width` (<= 4) of a, b, c, d. */
-static int ints_push(Int32s *v, int width, int32_t a, int32_t b, int32_t c, int32_t d) {
-    if (v->size + width > v->capacity) {
+/* Room for `more` entries past the size. */
+static int ints_reserve(Int32s *v, int64_t more) {
+    if (v->size + more > v->capacity) {
         int64_t capacity = v->capacity ? 2 * v->capacity : 1024;
+        while (capacity < v->size + more) {
+            capacity *= 2;
+        }
         int32_t *grown = (int32_t *)realloc(v->data, (size_t)capacity * sizeof(int32_t));
         if (grown == NULL) {
             return -1;
         }
         v->data = grown, v->capacity = capacity;
+    }
+    return 0;
+}
+
+/* Appends `width` (<= 4) of a, b, c, d. */
+static inline int ints_push(Int32s *v, int width, int32_t a, int32_t b, int32_t c, int32_t d) {
+    if (v->size + width > v->capacity && ints_reserve(v, width) < 0) {
+        return -1;
     }
     const int32_t values[4] = {a, b, c, d};
     memcpy(v->data + v->size, values, (size_t)width * sizeof(int32_t));
@@ -354,135 +365,71 @@ static int class_suffixes(Suffixes *s, const Climb *climb, const int32_t classes
     return 0;
 }
 
-/* The CSR of the found triples (source, token, destination) plus the EOS edges: rows by source,
- * tokens ascending within a row, in time linear in the edges. Rows are counted first. A wide row
- * (a token in 64 of the vocabulary or more) is filled in any order and then ordered through a
- * bitmap of its tokens; the edges of the narrow rows are ordered together by a least-significant-
- * digit radix sort by token (11 bits a pass) and then dealt to their rows, which keeps that order.
- * A (source, token) pair occurs twice only for an EOS id that is also a text token: that row is
- * then sorted as keys (token, destination), the NumPy compiler's order. */
-#define RADIX_BITS 11
+/* The CSR of the found triples (source, token, destination) plus the EOS edges: rows by source
+ * (a counting sort), tokens ascending within a row. A row of more than a 1024th of the vocabulary
+ * is ordered through a bitmap of its tokens (reading the bitmap costs less than sorting then), a
+ * smaller one by sorting its keys (token, destination). A (source, token) pair occurs twice only
+ * for an EOS id that is also a text token: that row is sorted as keys, the NumPy compiler's order. */
 static int dag_csr(const Int32s *found, int32_t n, const int32_t *accepting, Py_ssize_t k, const int64_t *eos_ids,
                    Py_ssize_t n_eos, int64_t vocab_size, int32_t *offsets, int32_t *tokens, int32_t *dests) {
-    int64_t text = found->size / 3, total = text + (int64_t)k * n_eos, buckets = (int64_t)1 << RADIX_BITS;
-    size_t room = (size_t)(total > 0 ? total : 1);
+    int64_t text = found->size / 3, total = text + (int64_t)k * n_eos;
     int64_t *cursor = (int64_t *)calloc((size_t)n + 1, sizeof(int64_t));
-    uint64_t *keys = (uint64_t *)malloc(room * sizeof(uint64_t)), *narrow = (uint64_t *)malloc(room * sizeof(uint64_t));
-    int32_t *narrow_row = (int32_t *)malloc(room * sizeof(int32_t));
-    uint64_t *seen = NULL, *spare = NULL;
-    int32_t *dest_of = NULL, *spare_row = NULL;
-    int failed = cursor == NULL || keys == NULL || narrow == NULL || narrow_row == NULL;
-    if (failed) {
-        goto out;
-    }
-    for (int64_t i = 0; i < text; i++) {
-        cursor[found->data[3 * i]]++;
-    }
-    for (Py_ssize_t i = 0; i < k; i++) {
-        cursor[accepting[i]] += n_eos;
-    }
-    offsets[0] = 0;
-    int wide_rows = 0;
-    for (int32_t a = 0; a <= n; a++) {
-        offsets[a + 1] = offsets[a] + (int32_t)(a < n ? cursor[a] : 0);
-        wide_rows |= a < n && cursor[a] * 64 >= vocab_size;
-        cursor[a] = offsets[a];
-    }
-    /* wide rows' edges straight to their rows, the narrow rows' aside */
-    int64_t narrow_count = 0;
-    for (int64_t i = 0; i < total; i++) {
-        int32_t a, token, dest;
-        if (i < text) {
-            a = found->data[3 * i], token = found->data[3 * i + 1], dest = found->data[3 * i + 2];
-        } else {
-            int64_t j = i - text;
-            a = accepting[j / n_eos], token = (int32_t)eos_ids[j % n_eos], dest = n + (int32_t)(j / n_eos);
+    uint64_t *keys = (uint64_t *)malloc((size_t)(total > 0 ? total : 1) * sizeof(uint64_t));
+    uint64_t *seen = (uint64_t *)calloc((size_t)(vocab_size + 63) / 64, sizeof(uint64_t));
+    int32_t *dest_of = (int32_t *)malloc((size_t)vocab_size * sizeof(int32_t));
+    int failed = cursor == NULL || keys == NULL || seen == NULL || dest_of == NULL;
+    if (!failed) {
+        for (int64_t i = 0; i < text; i++) {
+            cursor[found->data[3 * i]]++;
         }
-        uint64_t key = (uint64_t)(uint32_t)token << 32 | (uint32_t)dest;
-        if ((int64_t)(offsets[a + 1] - offsets[a]) * 64 >= vocab_size) {
-            keys[cursor[a]++] = key;
-        } else {
-            narrow[narrow_count] = key, narrow_row[narrow_count++] = a;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            cursor[accepting[i]] += n_eos;
         }
-    }
-    if (wide_rows) {
-        seen = (uint64_t *)calloc((size_t)(vocab_size + 63) / 64, sizeof(uint64_t));
-        dest_of = (int32_t *)malloc((size_t)vocab_size * sizeof(int32_t));
-        if (seen == NULL || dest_of == NULL) {
-            failed = 1;
-            goto out;
+        offsets[0] = 0;
+        for (int32_t a = 0; a <= n; a++) {
+            offsets[a + 1] = offsets[a] + (int32_t)(a < n ? cursor[a] : 0);
+            cursor[a] = offsets[a];
         }
-    }
-    for (int32_t a = 0; wide_rows && a < n; a++) {
-        uint64_t *row = keys + offsets[a];
-        int64_t size = offsets[a + 1] - offsets[a], lowest = vocab_size, highest = -1, i = 0;
-        if (size * 64 < vocab_size) {
-            continue;
+        for (int64_t i = 0; i < text; i++) {
+            const int32_t *t = found->data + 3 * i;
+            keys[cursor[t[0]]++] = (uint64_t)(uint32_t)t[1] << 32 | (uint32_t)t[2];
         }
-        for (; i < size; i++) {
-            int64_t token = (int64_t)(row[i] >> 32);
-            if (seen[token / 64] >> (token % 64) & 1) {
-                break; /* a token twice: sorted as keys below */
-            }
-            seen[token / 64] |= 1ULL << (token % 64);
-            dest_of[token] = (int32_t)(row[i] & 0xFFFFFFFFu);
-            lowest = token < lowest ? token : lowest, highest = token > highest ? token : highest;
-        }
-        for (int64_t w = lowest / 64, at = 0; highest >= 0 && w <= highest / 64; w++) {
-            for (uint64_t bits = seen[w]; bits && i == size; bits &= bits - 1) {
-                int64_t token = w * 64 + __builtin_ctzll(bits);
-                row[at++] = (uint64_t)token << 32 | (uint32_t)dest_of[token];
-            }
-            seen[w] = 0;
-        }
-        if (i < size) {
-            sort_keys(row, size);
-        }
-    }
-    if (narrow_count) {
-        spare = (uint64_t *)malloc((size_t)narrow_count * sizeof(uint64_t));
-        spare_row = (int32_t *)malloc((size_t)narrow_count * sizeof(int32_t));
-        if (spare == NULL || spare_row == NULL) {
-            failed = 1;
-            goto out;
-        }
-    }
-    int64_t histogram[(1 << RADIX_BITS) + 1];
-    for (int shift = 32; narrow_count && shift < 32 + 64 - __builtin_clzll((uint64_t)vocab_size); shift += RADIX_BITS) {
-        memset(histogram, 0, sizeof(histogram));
-        for (int64_t i = 0; i < narrow_count; i++) {
-            histogram[(narrow[i] >> shift & (uint64_t)(buckets - 1)) + 1]++;
-        }
-        for (int64_t b = 0; b < buckets; b++) {
-            histogram[b + 1] += histogram[b];
-        }
-        for (int64_t i = 0; i < narrow_count; i++) {
-            int64_t to = histogram[narrow[i] >> shift & (uint64_t)(buckets - 1)]++;
-            spare[to] = narrow[i], spare_row[to] = narrow_row[i];
-        }
-        uint64_t *swap_keys = narrow;
-        narrow = spare, spare = swap_keys;
-        int32_t *swap_rows = narrow_row;
-        narrow_row = spare_row, spare_row = swap_rows;
-    }
-    for (int64_t i = 0; i < narrow_count; i++) { /* to the rows, tokens ascending */
-        keys[cursor[narrow_row[i]]++] = narrow[i];
-    }
-    for (int32_t a = 0; narrow_count && a < n; a++) { /* a token twice (text and EOS): by destination */
-        int64_t size = offsets[a + 1] - offsets[a];
-        for (int64_t i = 1; size * 64 < vocab_size && i < size; i++) {
-            if (keys[offsets[a] + i] >> 32 == keys[offsets[a] + i - 1] >> 32) {
-                sort_keys(keys + offsets[a], size);
-                break;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            for (Py_ssize_t e = 0; e < n_eos; e++) {
+                keys[cursor[accepting[i]]++] = (uint64_t)eos_ids[e] << 32 | (uint32_t)(n + i);
             }
         }
+        for (int32_t a = 0; a < n; a++) {
+            uint64_t *row = keys + offsets[a];
+            int64_t size = offsets[a + 1] - offsets[a], lowest = vocab_size, highest = -1, i = 0;
+            if (size * 1024 >= vocab_size) {
+                for (; i < size; i++) {
+                    int64_t token = (int64_t)(row[i] >> 32);
+                    if (seen[token / 64] >> (token % 64) & 1) {
+                        break; /* a token twice: sorted as keys below */
+                    }
+                    seen[token / 64] |= 1ULL << (token % 64);
+                    dest_of[token] = (int32_t)(row[i] & 0xFFFFFFFFu);
+                    lowest = token < lowest ? token : lowest, highest = token > highest ? token : highest;
+                }
+                for (int64_t w = lowest / 64, at = 0; highest >= 0 && w <= highest / 64; w++) {
+                    for (uint64_t bits = seen[w]; bits && i == size; bits &= bits - 1) {
+                        int64_t token = w * 64 + __builtin_ctzll(bits);
+                        row[at++] = (uint64_t)token << 32 | (uint32_t)dest_of[token];
+                    }
+                    seen[w] = 0;
+                }
+            }
+            if (i < size) {
+                sort_keys(row, size);
+            }
+        }
+        for (int64_t i = 0; i < total; i++) {
+            tokens[i] = (int32_t)(keys[i] >> 32);
+            dests[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
+        }
     }
-    for (int64_t i = 0; i < total; i++) {
-        tokens[i] = (int32_t)(keys[i] >> 32);
-        dests[i] = (int32_t)(keys[i] & 0xFFFFFFFFu);
-    }
-out:
-    free(cursor), free(keys), free(narrow), free(narrow_row), free(seen), free(dest_of), free(spare), free(spare_row);
+    free(cursor), free(keys), free(seen), free(dest_of);
     return failed ? -1 : 0;
 }
 
@@ -597,9 +544,14 @@ static PyObject *match_dag(PyObject *module, PyObject *args) {
                 over_work = 1;
                 break;
             }
-            if (s.by_class) {
-                for (int64_t g = s.group_offsets[u]; !failed && g < s.group_offsets[u + 1]; g++) {
-                    failed |= ints_push(&found, 3, a, s.group_tokens[g], m, 0) < 0;
+            if (s.by_class) { /* every token of the class string, room made once */
+                int64_t lo = s.group_offsets[u], count = s.group_offsets[u + 1] - lo;
+                if (count && (failed = ints_reserve(&found, 3 * count) < 0) == 0) {
+                    int32_t *at = found.data + found.size;
+                    for (int64_t g = 0; g < count; g++, at += 3) {
+                        at[0] = a, at[1] = s.group_tokens[lo + g], at[2] = m;
+                    }
+                    found.size += 3 * count;
                 }
             } else if (first_token[u] >= 0) {
                 failed |= ints_push(&found, 3, a, first_token[u], m, 0) < 0;
