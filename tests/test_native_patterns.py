@@ -176,3 +176,45 @@ def test_match_dag_checks_its_arrays() -> None:
         native.match_dag(tables, *good, size, -1, -1, 3)
     assert native.match_dag(tables, *good, size, 0, -1, 0) == "edges"
     assert native.match_dag(tables, *good, size, -1, 0, 0) == "work"
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(values=st.lists(st.text(alphabet="ab-é\x00", max_size=6), min_size=1, max_size=20))
+def test_set_dags_equal_the_reference(values: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """dag_of_trie in C merges and numbers the nodes of a set's trie as the NumPy reference does."""
+    from triemask.base import build_trie, dag_of_trie
+    from triemask.base.values import encode_values
+
+    _, strings, flat, starts, _ = encode_values(values)
+    trie = build_trie(flat, starts, strings=strings)
+    mine = dag_of_trie(trie)
+    same_dag(mine, reference(monkeypatch, dag_of_trie, trie))
+    assert mine.language_size() == len(set(values))
+
+
+def test_real_set_dags_equal_the_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    from triemask.datasets import load_icd10cm, synthetic_tools
+
+    compiler = Compiler(real_vocabulary("qwen2").vocab)
+    for values in (load_icd10cm()[:20_000], synthetic_tools(5_000)):
+        same_automaton(
+            compiler.compile(values, layout="dag"), reference(monkeypatch, compiler.compile, values, layout="dag")
+        )
+
+
+def test_dag_of_trie_checks_its_trie() -> None:
+    native = _kernels.KERNELS
+    assert native is not None
+    parent = np.array([0, 0, 0, 1], dtype=np.int32)
+    byte = np.array([0, 97, 98, 99], dtype=np.uint8)
+    terminal = np.array([3, 2], dtype=np.int32)
+    assert len(native.dag_of_trie(parent, byte, terminal)) == 6
+    for bad in (
+        (np.array([0, 0, 0, 3], dtype=np.int32), byte, terminal),  # a parent after its child
+        (np.array([0, 1, 0, 1], dtype=np.int32), byte, terminal),  # parents out of order
+        (parent, np.array([0, 98, 97, 99], dtype=np.uint8), terminal),  # siblings out of byte order
+        (parent, byte, np.array([4], dtype=np.int32)),  # a terminal outside the trie
+        (parent, byte[:3], terminal),
+    ):
+        with pytest.raises(ValueError, match="breadth-first trie"):
+            native.dag_of_trie(*bad)

@@ -4,7 +4,7 @@ of triemask."""
 
 from . import kernels, storage
 from .bitmask import INT32, allocate_token_bitmask, as_bitmask_array, bitmask_width, unpack_bitmask
-from .dag import ByteDag, dag_arrays, dag_of_trie, mix64
+from .dag import ByteDag, canonical_numbering, dag_arrays, dag_from_buffers, dag_of_trie, mix64
 from .errors import (
     ArgumentTypeError,
     AutomatonFileError,
@@ -54,7 +54,9 @@ __all__ = [
     "bitmask_width",
     "build_trie",
     "cache_directory",
+    "canonical_numbering",
     "dag_arrays",
+    "dag_from_buffers",
     "dag_of_trie",
     "encode_values",
     "file_kinds",

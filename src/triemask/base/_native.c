@@ -71,6 +71,7 @@ static PyMethodDef module_methods[] = {
     {"match_trie", match_trie, METH_VARARGS, "Token matching and edge CSR of a trie (see _compile._match)."},
     {"match_dag", match_dag, METH_VARARGS,
      "Token matching and edge CSR of an acyclic automaton (see triemask.sets.matching.match_dag)."},
+    {"dag_of_trie", dag_of_trie, METH_VARARGS, "The minimal acyclic automaton of a trie (see triemask.base.dag)."},
     {"pattern_dag", pattern_dag, METH_VARARGS,
      "The minimal acyclic automaton of a finite pattern's syntax tree (see triemask.sets.regex)."},
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},

@@ -71,6 +71,9 @@ def match_dag(
     mode: int,
     /,
 ) -> tuple[bytearray, bytearray, bytearray, bytearray] | str: ...
+def dag_of_trie(
+    parent: Any, byte: Any, terminal: Any, /
+) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray]: ...
 def pattern_dag(
     program: Any, max_nfa_states: int, max_dfa_states: int, max_work: int, /
 ) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray] | str | None: ...

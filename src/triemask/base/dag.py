@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from . import kernels
 from .trie import ByteTrie
 
 
@@ -95,13 +96,30 @@ def mix64(values: npt.NDArray[np.uint64], seed: int = 0) -> npt.NDArray[np.uint6
     return result
 
 
+def dag_from_buffers(arrays: tuple[bytearray, ...]) -> ByteDag:
+    """The ByteDag of the C kernel's six arrays (``pattern_dag``, ``dag_of_trie``), as laid out
+    by :func:`dag_arrays` (edges by destination, source and byte), made read-only."""
+    dtypes = (np.int64, np.int32, np.uint8, np.int32, np.int32, np.int64)
+    in_offsets, source, byte, dest, accepting, level_offsets = (
+        np.frombuffer(array, dtype=dtype) for array, dtype in zip(arrays, dtypes, strict=True)
+    )
+    for array in (in_offsets, source, byte, dest, accepting, level_offsets):
+        array.flags.writeable = False
+    return ByteDag(in_offsets, source, byte, dest, accepting, level_offsets)
+
+
 def dag_of_trie(trie: ByteTrie) -> ByteDag:
     """The minimal acyclic automaton of a trie's strings: nodes with the same right
-    language (same continuations) merged, with array operations only.
+    language (same continuations) merged (in C where the kernel is built; the array
+    operations below are the reference).
 
     Nodes are processed by height (the longest path below them); a node's signature is
-    whether it ends a string plus the set of ``(byte, merged child)`` pairs, hashed.
+    whether it ends a string plus the set of ``(byte, merged child)`` pairs, hashed. Nodes
+    are numbered as :func:`canonical_numbering` says.
     """
+    native = kernels.KERNELS
+    if native is not None:
+        return dag_from_buffers(native.dag_of_trie(trie.parent, trie.byte, trie.terminal))
     n = trie.num_nodes
     parent, byte, levels = trie.parent, trie.byte, trie.level_offsets
     depth = np.repeat(np.arange(len(levels) - 1), np.diff(levels))
@@ -145,15 +163,36 @@ def dag_of_trie(trie: ByteTrie) -> ByteDag:
         canon[nodes] = classes + inverse.reshape(-1)
         classes += int(inverse.max()) + 1
     # one representative per class gives its edges; a class's level is its deepest member's depth
-    members, representative = np.unique(canon, return_index=True)
+    representative = np.unique(canon, return_index=True)[1]
     level = np.zeros(classes, dtype=np.int64)
     np.maximum.at(level, canon, depth)
-    order = np.lexsort((members, level))  # new id -> class
-    number = np.empty(classes, dtype=np.int64)
-    number[order] = np.arange(classes)
-    reps = representative[order]
-    k = counts[reps]
-    children = np.arange(int(k.sum())) + np.repeat(first_child[reps] - (np.cumsum(k) - k), k)
+    k = counts[representative]
+    children = np.arange(int(k.sum())) + np.repeat(first_child[representative] - (np.cumsum(k) - k), k)
     sources = np.repeat(np.arange(classes), k)
-    accept = np.flatnonzero(terminal[reps])
-    return dag_arrays(classes, sources, byte[children], number[canon[children]], accept, np.bincount(level[order]))
+    dests = canon[children]
+    number = canonical_numbering(level, sources, byte[children], dests)
+    accept = np.sort(number[np.flatnonzero(terminal[representative])])
+    return dag_arrays(classes, number[sources], byte[children], number[dests], accept, np.bincount(level))
+
+
+def canonical_numbering(
+    level: npt.NDArray[np.int64], sources: npt.NDArray[Any], byte: npt.NDArray[np.uint8], dests: npt.NDArray[Any]
+) -> npt.NDArray[np.int64]:
+    """The number of each node of an acyclic automaton (the C kernel's numbering): level by
+    level (``level``: the longest distance from the start, whose level alone is 0), and within
+    a level by the smallest ``(number of the source, byte)`` of an edge in, distinct by
+    determinism. Edges into a level come from lower levels, numbered by then."""
+    count = len(level)
+    number = np.full(count, -1, dtype=np.int64)
+    key = np.full(count, np.iinfo(np.int64).max, dtype=np.int64)
+    by_level = np.argsort(level, kind="stable")
+    bounds = np.searchsorted(level[by_level], np.arange(int(level.max(initial=0)) + 2))
+    edge_order = np.argsort(level[sources], kind="stable")
+    edge_bounds = np.searchsorted(level[sources][edge_order], np.arange(int(level.max(initial=0)) + 2))
+    for at in range(len(bounds) - 1):
+        members = by_level[bounds[at] : bounds[at + 1]]
+        members = members[np.argsort(key[members], kind="stable")]
+        number[members] = np.arange(bounds[at], bounds[at + 1])
+        edges = edge_order[edge_bounds[at] : edge_bounds[at + 1]]  # the edges out of this level
+        np.minimum.at(key, dests[edges], number[sources[edges]] * 256 + byte[edges])
+    return number

@@ -31,7 +31,16 @@ from typing import Union
 
 import numpy as np
 
-from ..base import BoundedLRU, ByteDag, PatternError, UnboundedPatternError, dag_arrays, kernels
+from ..base import (
+    BoundedLRU,
+    ByteDag,
+    PatternError,
+    UnboundedPatternError,
+    canonical_numbering,
+    dag_arrays,
+    dag_from_buffers,
+    kernels,
+)
 
 _Row = tuple[tuple[int, int, int], ...]  # (first byte, last byte, target), ascending
 
@@ -538,36 +547,24 @@ def _minimise(transitions: list[_Row], accepting: list[bool]) -> ByteDag | None:
             topo.append(node)
     topo.reverse()
     depth = {start: 0}
-    entries: dict[int, list[tuple[int, int]]] = {}  # per state: (source, first byte) of its edges in
     for node in topo:
-        for lo, _, child in rows[node][0]:
+        for _, _, child in rows[node][0]:
             depth[child] = max(depth.get(child, 0), depth[node] + 1)
-            entries.setdefault(child, []).append((node, lo))
-    # Canonical numbering (the C kernel's too): level by level, and within a level by the
-    # smallest (number of the source, byte) of an edge in, distinct by determinism.
-    levels_of: dict[int, list[int]] = {}
-    for node in topo:
-        levels_of.setdefault(depth[node], []).append(node)
-    number: dict[int, int] = {}
-    ordered: list[int] = []
-    for level in range(len(levels_of)):
-        members = levels_of[level]
-        if level:
-            members.sort(key=lambda s: min(number[a] * 256 + lo for a, lo in entries[s]))
-        for state in members:
-            number[state] = len(number)
-        ordered += members
+    # every signature is reachable from the start: the states are the signatures' ids
     sources: list[int] = []
     bytes_: list[int] = []
     dests: list[int] = []
-    for state in ordered:
+    for state in topo:
         for lo, hi, child in rows[state][0]:
-            sources += [number[state]] * (hi - lo + 1)
+            sources += [state] * (hi - lo + 1)
             bytes_ += range(lo, hi + 1)
-            dests += [number[child]] * (hi - lo + 1)
-    accept = sorted(number[s] for s in ordered if rows[s][1])
-    levels = np.bincount(np.fromiter((depth[s] for s in ordered), dtype=np.int64, count=len(ordered)))
-    return dag_arrays(len(ordered), sources, bytes_, dests, accept, levels)
+            dests += [child] * (hi - lo + 1)
+    level = np.zeros(len(rows), dtype=np.int64)
+    level[list(depth)] = list(depth.values())
+    source, dest = np.asarray(sources, dtype=np.int64), np.asarray(dests, dtype=np.int64)
+    number = canonical_numbering(level, source, np.asarray(bytes_, dtype=np.uint8), dest)
+    accept = np.sort(number[[state for state in topo if rows[state][1]]])
+    return dag_arrays(len(rows), number[source], bytes_, number[dest], accept, np.bincount(level))
 
 
 def unanchored(pattern: str) -> str:
@@ -627,7 +624,7 @@ def _dag_of_pattern(pattern: str) -> ByteDag:
         built = native.pattern_dag(np.asarray(program, dtype=np.int32), _MAX_NFA_STATES, _MAX_DFA_STATES, _MAX_WORK)
         if isinstance(built, str):
             raise parser.fail(_LIMITS[built], 0)
-        dag = None if built is None else _native_dag(built)
+        dag = None if built is None else dag_from_buffers(built)
     else:
         nfa = _Nfa(parser)
         start, end = nfa.state(), nfa.state()
@@ -658,16 +655,6 @@ def _program(node: _Node, out: list[int]) -> None:
         out += (1 if isinstance(node, _Concat) else 2, len(children))
         for child in children:
             _program(child, out)
-
-
-def _native_dag(arrays: tuple[bytearray, ...]) -> ByteDag:
-    dtypes = (np.int64, np.int32, np.uint8, np.int32, np.int32, np.int64)
-    in_offsets, source, byte, dest, accepting, level_offsets = (
-        np.frombuffer(array, dtype=dtype) for array, dtype in zip(arrays, dtypes, strict=True)
-    )
-    for array in (in_offsets, source, byte, dest, accepting, level_offsets):
-        array.flags.writeable = False
-    return ByteDag(in_offsets, source, byte, dest, accepting, level_offsets)
 
 
 def literal_alternatives(pattern: str) -> list[str] | None:

@@ -202,8 +202,8 @@ static int byte_classes(const int32_t *source, const uint8_t *byte, const int64_
     return 2 * k > used ? -1 : k;
 }
 
-/* The class-labelled automaton (one edge per source, class and destination) into `climb`. */
-static int class_climb(const Climb *bytes, const int32_t classes[256], int k, Climb *out, int64_t **offsets_out,
+/* The class-labelled automaton (one edge per source, class and destination) into `out`. */
+static int class_climb(const Climb *bytes, const int32_t classes[256], Climb *out, int64_t **offsets_out,
                        int32_t **source_out) {
     int32_t n = bytes->num_nodes;
     int64_t edges = bytes->in_offsets[n];
@@ -232,7 +232,6 @@ static int class_climb(const Climb *bytes, const int32_t classes[256], int k, Cl
         }
         offsets[m + 1] = at;
     }
-    (void)k;
     out->in_offsets = offsets, out->source = source, out->num_nodes = n;
     return 0;
 }
@@ -523,7 +522,7 @@ static PyObject *match_dag(PyObject *module, PyObject *args) {
     const Climb *climb = &by_byte;
     if (!failed && k_classes > 0) {
         s.by_class = 1, s.classes = k_classes;
-        failed = class_climb(&by_byte, classes, k_classes, &by_class, &class_offsets, &class_source) < 0 ||
+        failed = class_climb(&by_byte, classes, &by_class, &class_offsets, &class_source) < 0 ||
                  class_suffixes(&s, &by_class, classes, k_classes, longest) < 0;
         climb = &by_class;
     }

@@ -417,8 +417,12 @@ out:
     return why;
 }
 
-/* Revuz minimisation, levels and the canonical numbering; the ByteDag's arrays into `out`
- * (six bytearrays) or Py_None for an empty language. Returns -1 for no memory. */
+/* Revuz minimisation: per DFA state (children first) its signature, acceptance then the row
+ * over merged targets (dead ends dropped), interned; then the DAG of the signatures. The ByteDag's
+ * arrays into `out` (six bytearrays), or Py_None for an empty language. Returns 0, -1 for no
+ * memory, -2 with the error set. */
+static int signatures_to_dag(const Interned *signatures, PyObject **out);
+
 static int minimise(const Dfa *d, PyObject **out) {
     int32_t n = d->count;
     int32_t *canonical = (int32_t *)malloc((size_t)n * sizeof(int32_t));
@@ -427,8 +431,6 @@ static int minimise(const Dfa *d, PyObject **out) {
     Int32s merged = {0};
     Interned signatures;
     int ready = interned_init(&signatures) == 0, result = -1;
-    int32_t *depth = NULL, *number = NULL, *order = NULL, *level_count = NULL;
-    int64_t *key = NULL, *in_offsets = NULL;
     if (canonical == NULL || stack == NULL || visited == NULL || !ready) {
         goto out;
     }
@@ -475,15 +477,33 @@ static int minimise(const Dfa *d, PyObject **out) {
         *out = Py_None;
         Py_INCREF(Py_None);
         result = 0;
-        goto out;
+    } else {
+        result = signatures_to_dag(&signatures, out);
     }
+out:
+    free(canonical), free(stack), free(visited), free(merged.data);
+    if (ready) {
+        interned_free(&signatures);
+    }
+    return result;
+}
+
+/* The DAG of interned signatures (acceptance, then (lo, hi, target) triples; every target an
+ * earlier signature, the start the last): levels by longest distance from the start, nodes
+ * numbered level by level and within a level by the smallest (source number, byte) of an edge
+ * in, then the byte edges by destination, source and byte. See minimise for the answer. */
+static int signatures_to_dag(const Interned *signatures_in, PyObject **out) {
+    const Interned signatures = *signatures_in;
+    int result = -1;
+    int32_t *depth = NULL, *number = NULL, *order = NULL, *level_count = NULL;
+    int64_t *key = NULL, *in_offsets = NULL;
     /* signature ids are a reverse topological order (children first): the start is the last */
-    int32_t count = signatures.count, start = canonical[0], levels = 0;
+    int32_t count = signatures.count, levels = 0;
     depth = (int32_t *)calloc((size_t)count, sizeof(int32_t));
     number = (int32_t *)malloc((size_t)count * sizeof(int32_t));
     order = (int32_t *)malloc((size_t)count * sizeof(int32_t));
     key = (int64_t *)malloc((size_t)count * sizeof(int64_t));
-    if (depth == NULL || number == NULL || order == NULL || key == NULL || start != count - 1) {
+    if (depth == NULL || number == NULL || order == NULL || key == NULL || count < 1) {
         goto out;
     }
     for (int32_t s = count - 1; s >= 0; s--) {
@@ -604,11 +624,7 @@ static int minimise(const Dfa *d, PyObject **out) {
     }
     result = 0;
 out:
-    free(canonical), free(stack), free(visited), free(merged.data), free(depth), free(number), free(order);
-    free(key), free(in_offsets), free(level_count);
-    if (ready) {
-        interned_free(&signatures);
-    }
+    free(depth), free(number), free(order), free(key), free(in_offsets), free(level_count);
     return result;
 }
 
@@ -670,6 +686,93 @@ static PyObject *pattern_dag(PyObject *module, PyObject *args) {
     result = PyTuple_Pack(6, out[0], out[1], out[2], out[3], out[4], out[5]);
     for (int i = 0; i < 6; i++) {
         Py_DECREF(out[i]);
+    }
+    return result;
+}
+
+/* dag_of_trie(parent i32[n], byte u8[n], terminal i32[k]) -> the ByteDag's six arrays, as
+ * pattern_dag: the minimal acyclic automaton of a trie's strings (see triemask.base.dag, the
+ * reference). The trie is breadth-first, as build_trie lays it out (checked: each parent before
+ * its children, parents in order, siblings in ascending byte order), so visiting the nodes from
+ * the last signs a node after its children: acceptance, then (byte, byte, class) per child. */
+static PyObject *dag_of_trie(PyObject *module, PyObject *args) {
+    PyObject *objs[3];
+    if (!PyArg_ParseTuple(args, "OOO", &objs[0], &objs[1], &objs[2])) {
+        return NULL;
+    }
+    Py_buffer views[3];
+    static const Py_ssize_t sizes[3] = {4, 1, 4};
+    static const char *names[3] = {"parent", "byte", "terminal"};
+    int held = 0;
+    PyObject *result = NULL, *out[6] = {NULL};
+    for (int i = 0; i < 3; i++) {
+        if (get_array(objs[i], &views[i], sizes[i], names[i]) < 0) {
+            goto done;
+        }
+        held = i + 1;
+    }
+    const int32_t *parent = (const int32_t *)views[0].buf, *terminal = (const int32_t *)views[2].buf;
+    const uint8_t *byte = (const uint8_t *)views[1].buf;
+    Py_ssize_t n = views[0].shape[0], k = views[2].shape[0];
+    int bad = n < 1 || n >= INT32_MAX || views[1].shape[0] != n;
+    for (Py_ssize_t i = 1; !bad && i < n; i++) {
+        bad = parent[i] < 0 || parent[i] >= i || (i > 1 && (parent[i] < parent[i - 1] ||
+                                                            (parent[i] == parent[i - 1] && byte[i] <= byte[i - 1])));
+    }
+    for (Py_ssize_t i = 0; !bad && i < k; i++) {
+        bad = terminal[i] < 0 || terminal[i] >= n;
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "dag_of_trie: not a breadth-first trie");
+        goto done;
+    }
+    int32_t *first = (int32_t *)malloc(((size_t)n + 1) * sizeof(int32_t)); /* first child; first[u + 1]: past */
+    int32_t *canonical = (int32_t *)malloc((size_t)n * sizeof(int32_t));
+    uint8_t *accepts = (uint8_t *)calloc((size_t)n, 1);
+    Int32s signature = {0};
+    Interned signatures;
+    int ready = interned_init(&signatures) == 0, failed = first == NULL || canonical == NULL || accepts == NULL || !ready;
+    Py_BEGIN_ALLOW_THREADS
+    if (!failed) {
+        for (Py_ssize_t i = 0; i < k; i++) {
+            accepts[terminal[i]] = 1;
+        }
+        /* children of u: first[u] .. first[u + 1], the children of the nodes before u first */
+        memset(first, 0, ((size_t)n + 1) * sizeof(int32_t));
+        for (Py_ssize_t i = 1; i < n; i++) {
+            first[parent[i] + 1]++;
+        }
+        first[0] = 1;
+        for (Py_ssize_t u = 0; u < n; u++) {
+            first[u + 1] += first[u];
+        }
+    }
+    for (int32_t u = (int32_t)n - 1; !failed && u >= 0; u--) {
+        signature.size = 0;
+        failed = ints_push(&signature, 1, accepts[u], 0, 0, 0) < 0;
+        for (int32_t c = first[u]; !failed && c < first[u + 1]; c++) {
+            failed = ints_push(&signature, 3, byte[c], byte[c], canonical[c], 0) < 0;
+        }
+        int added;
+        failed = failed || (canonical[u] = intern(&signatures, signature.data, signature.size, &added)) < 0;
+    }
+    Py_END_ALLOW_THREADS
+    int status = failed ? -1 : signatures_to_dag(&signatures, out);
+    free(first), free(canonical), free(accepts), free(signature.data);
+    if (ready) {
+        interned_free(&signatures);
+    }
+    if (status == -1) {
+        PyErr_NoMemory();
+    } else if (status == 0) {
+        result = PyTuple_Pack(6, out[0], out[1], out[2], out[3], out[4], out[5]);
+        for (int i = 0; i < 6; i++) {
+            Py_DECREF(out[i]);
+        }
+    }
+done:
+    for (int i = 0; i < held; i++) {
+        PyBuffer_Release(&views[i]);
     }
     return result;
 }
