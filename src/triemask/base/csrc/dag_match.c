@@ -2,9 +2,10 @@
 
 /* match_dag(tables, in_offsets i64[n + 1], source i32[E], byte u8[E], accepting i32[K], eos_ids i64,
  *           vocab_size, max_edges, max_work, mode)
- *   -> (edge_offsets int32[n + 2], edge_tokens int32, edge_dests int32, spelled int32) as bytearrays
- *      (spelled: the distinct text tokens on the edges, ascending), or the str "edges" / "work" as soon as the text edges pass max_edges / the walk's steps pass
- *      max_work (each -1: no limit), before the large allocations
+ *   -> (edge_offsets int32[n + 2], edge_tokens int32, edge_dests int32, spelled int32) as
+ *      bytearrays (spelled: the distinct text tokens on the edges, ascending), or the str
+ *      "edges" / "work" as soon as the text edges pass max_edges / the walk's steps pass max_work
+ *      (each -1: no limit), before the large allocations
  *
  * match_trie for a deterministic acyclic byte automaton (see triemask.sets.matching.match_dag):
  * nodes are numbered so that every edge leads to a higher id, edges sorted by destination (the

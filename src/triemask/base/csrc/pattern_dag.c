@@ -1,4 +1,7 @@
-/* ------------------------------------------------------------------ finite patterns to minimal DAGs */
+/* ------------------------------------------------------------------ minimal DAGs: patterns and tries */
+
+/* Two builders share the last step (signatures_to_dag): pattern_dag from a regex's syntax tree,
+ * dag_of_trie from a set's trie (at the end of the file). */
 
 /* pattern_dag(program int32, max_nfa_states, max_dfa_states, max_work)
  *   -> (in_offsets i64[n + 1], source i32, byte u8, dest i32, accepting i32, level_offsets i64) as
