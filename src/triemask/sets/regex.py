@@ -583,8 +583,10 @@ _REFUSED_LOCK = threading.Lock()
 
 
 def clear_pattern_cache() -> None:
-    """Forget the automata and refusals of patterns built so far (for measurements)."""
+    """Forget the automata and refusals of patterns built so far, and the UTF-8 sequences of
+    their character classes: for measurements of a first compile."""
     _dag_of_pattern.cache_clear()
+    _byte_sequences.cache_clear()
     with _REFUSED_LOCK:
         _REFUSED_PATTERNS.clear()
 
