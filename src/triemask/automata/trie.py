@@ -6,6 +6,7 @@ import os
 import weakref
 from bisect import bisect_left
 from collections.abc import Iterable, Sequence
+from itertools import pairwise
 from typing import Any, ClassVar, TypeVar, cast
 
 import numpy as np
@@ -589,7 +590,10 @@ class TrieAutomaton(AutomatonBase):
 
     def values(self) -> list[str | bytes]:
         """All distinct values, in sorted (UTF-8 byte) order."""
-        return [self.value(i) for i in range(self._num_values)]
+        data, bounds = self._value_flat.tobytes(), self._value_starts.tolist()  # (one copy, not one a value)
+        if self._meta.values_are_str:
+            return [data[a:b].decode("utf-8") for a, b in pairwise(bounds)]
+        return [data[a:b] for a, b in pairwise(bounds)]
 
     def _value_index(self, state: int) -> int | None:
         node = self._node(state)

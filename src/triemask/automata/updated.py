@@ -360,8 +360,9 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         with self._compact_lock:
             if self._order is None:
                 kept = [v for v in self._base.values() if v not in self._removed_values]
-                merged = sorted(kept + list(self._added), key=lambda v: v.encode() if isinstance(v, str) else v)
-                self._order = merged
+                # str order is code point order, which is UTF-8's byte order: no key needed, and
+                # the base's values come sorted (a near-sorted run is linear for Python's sort)
+                self._order = sorted(kept + list(self._added))
             return list(self._order)
 
     def forced_bytes(self, state: int) -> bytes:
