@@ -137,3 +137,50 @@ def test_in_place_masking_of_chosen_rows_equals_the_mask(which: int, ended_allow
     assert torch.equal(out, expected)
     with pytest.raises(StateError, match=r"rows must be a tensor of shape \(40,\)"):
         on_device.mask_logits(logits, states, rows[:3])
+
+
+def _states_along(automaton: object, rng: np.random.Generator, count: int) -> list[int]:
+    """States reached by random allowed tokens from the start (an updated set's states are pairs:
+    not a range to draw from), DEAD and final ones among them."""
+    states = [DEAD]
+    for _ in range(count):
+        state = automaton.initial_state  # type: ignore[attr-defined]
+        for _ in range(int(rng.integers(0, 12))):
+            allowed = automaton.allowed_token_ids(state)  # type: ignore[attr-defined]
+            if not allowed.size:
+                break
+            state = automaton.next_state(state, int(rng.choice(allowed)))  # type: ignore[attr-defined]
+        states.append(state)
+    return states
+
+
+def test_host_planned_masks_and_steps_equal_the_automaton() -> None:
+    """An updated set (no edge arrays to upload) is masked and stepped on the device through the
+    host's lookups: the same masks and states as the automaton's own, EOS for ended rows."""
+    from triemask.integrations.torch import HostPlannedAutomaton, device_automaton
+
+    base = real_compiler("qwen2").compile(synthetic_tools(300))
+    values = base.values()
+    updated = base.with_values(added=["acme.new_tool", "acme.new_tool_v2"], removed=values[:3])
+    assert type(updated).__name__ == "UpdatedTrieAutomaton"
+    on_device = device_automaton(updated)
+    assert isinstance(on_device, HostPlannedAutomaton) and on_device.memory_bytes == 0
+    assert isinstance(device_automaton(base), DeviceAutomaton)
+    rng = np.random.default_rng(5)
+    states = _states_along(updated, rng, 120)
+    mask = on_device.allowed_mask(torch.tensor(states), ended_allow_eos=False).numpy()
+    with_eos = on_device.allowed_mask(states).numpy()
+    eos = list(updated.eos_token_ids)
+    for row, state in enumerate(states):
+        allowed = updated.allowed_token_ids(state).tolist()
+        assert np.flatnonzero(mask[row]).tolist() == allowed
+        assert np.flatnonzero(with_eos[row]).tolist() == (allowed or eos)
+    logits = torch.randn(len(states), updated.vocab_size + 3)
+    masked = on_device.mask_logits(logits.clone(), states)
+    assert torch.equal(torch.isfinite(masked[:, : updated.vocab_size]), torch.from_numpy(with_eos))
+    assert not torch.isfinite(masked[:, updated.vocab_size :]).any()
+    tokens = [int(rng.choice(updated.allowed_token_ids(s))) if updated.allowed_token_ids(s).size else 7 for s in states]
+    stepped = on_device.next_states(torch.tensor(states), torch.tensor(tokens))
+    assert stepped.tolist() == [updated.next_state(s, t) for s, t in zip(states, tokens, strict=True)]
+    with pytest.raises(StateError):
+        on_device.next_states(torch.tensor(states), torch.tensor(tokens[:-1]))

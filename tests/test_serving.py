@@ -535,3 +535,65 @@ def test_schemas_with_unenforced_keywords_are_served_and_logged(
         assert served is not None
         assert served.arguments_schema("tag").unenforced == ("$.properties.arguments.properties.t.not",)
     assert caplog.text.count("$[0].parameters.properties.t.not") == 1
+
+
+def test_a_small_change_to_a_registered_set_updates_it_in_place(registered, sets, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A registered set edited by a few values is updated from its pinned automaton
+    (``with_values``), not recompiled: pinned under its new values, masked from the host's
+    lookups (its states are pairs), and decoded to members of the new set by the V1 rows and
+    the V2 slots alike."""
+    import os
+
+    from triemask.integrations.torch import HostPlannedAutomaton
+
+    monkeypatch.setattr(_serving.registry, "RELOAD_SECONDS", 0.0)
+    monkeypatch.setattr(_serving.registry, "_REGISTERED_STATE", {"signature": None, "checked": 0.0, "generation": 0})
+    tools = [f"team{i}.tool_{i * 7}" for i in range(300)]
+    (registered / "tools.txt").write_text("\n".join(tools) + "\n", encoding="utf-8")
+    _serving.compile_registered(sets)
+    new = [*tools[2:], "team9.fresh_tool"]
+    (registered / "tools.txt").write_text("\n".join(new) + "\n", encoding="utf-8")
+    os.utime(registered / "tools.txt", ns=(1, 10**18))
+    assert requested_values({"triemask_set": "tools"}) == new
+    compiled = sets.get(new)
+    assert compiled.automaton is not None and compiled.automaton.stats()["layout"] == "updated"
+    assert isinstance(compiled.device_automaton, HostPlannedAutomaton)
+    assert sets.get(list(reversed(new))) is compiled  # pinned
+    assert compiled.automaton.values() == sorted(new)
+    vocab = sets.compiler.vocab
+    eos = vocab.eos_token_ids[0]
+    rng = np.random.default_rng(3)
+    # V1: a row per request, its state on the host
+    outputs: list[list[int]] = [[] for _ in range(4)]
+    rows = BatchRows(sets)
+    rows.update(
+        SimpleNamespace(
+            removed=[], added=[(i, params(triemask_set="tools"), [], outputs[i]) for i in range(4)], moved=[]
+        )
+    )
+    for _ in range(40):
+        logits = torch.from_numpy(rng.standard_normal((4, vocab.vocab_size)).astype(np.float32))
+        rows.apply(logits)
+        for i in range(4):
+            if not outputs[i] or outputs[i][-1] != eos:
+                outputs[i].append(int(torch.argmax(logits[i])))
+        rows.update(None)
+    for tokens in outputs:
+        assert tokens[-1] == eos and _spelled(compiled.automaton, tokens) in set(new)
+    # V2: the slot's state starts at the updated set's initial state (a pair, not node 0)
+    req = FakeRequestStates(slots=2, max_len=64, vocab_size=vocab.vocab_size)
+    slots = SlotStates(sets, req)
+    assert slots.add(1, params(triemask_set="tools"))
+    output: list[int] = []
+    for _ in range(40):
+        ctx = SimpleNamespace(
+            idx_mapping_np=np.array([1], dtype=np.int32),
+            input_ids=torch.tensor([output[-1] if output else 9]),
+            seq_lens_upper_bound_np=np.array([len(output)]),
+        )
+        logits = slots.apply(torch.from_numpy(rng.standard_normal((1, vocab.vocab_size)).astype(np.float32)), ctx)
+        output.append(int(torch.argmax(logits[0])))
+        req.all_token_ids.gpu[1, len(output) - 1] = output[-1]
+        if output[-1] == eos:
+            break
+    assert output[-1] == eos and _spelled(compiled.automaton, output) in set(new)

@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from ..automata import DEAD, LazyTrieAutomaton, TrieAutomaton
+from ..automata import DEAD, LazyTrieAutomaton, TrieAutomaton, UpdatedTrieAutomaton
 from ..base import ArgumentTypeError, BitmaskError, StateError
 
 try:
@@ -31,7 +31,7 @@ try:
 except ImportError as error:  # pragma: no cover - exercised only without torch
     raise ImportError("triemask.integrations.torch needs torch: pip install torch==2.13.0") from error
 
-__all__ = ["DeviceAutomaton"]
+__all__ = ["DeviceAutomaton", "HostPlannedAutomaton", "device_automaton"]
 
 
 class _Plan(NamedTuple):
@@ -255,6 +255,101 @@ class DeviceAutomaton:
         position = torch.searchsorted(self._keys, query).clamp(max=len(self._keys) - 1)
         found = live & (self._keys[position] == query) & (tokens >= 0) & (tokens < self._stride - 1)
         return torch.where(found, self._dests[position], DEAD)
+
+
+class HostPlannedAutomaton:
+    """:class:`DeviceAutomaton`'s interface for an automaton without edge arrays to upload (an
+    updated set, :meth:`~triemask.TrieAutomaton.with_values`; the lazy layout): a batch's
+    allowed ``(row, token)`` pairs come from the automaton's own lookups on the host (its C
+    kernel) and are uploaded. Device states are read back to step them: one synchronisation
+    a step, where :class:`DeviceAutomaton` has none. A state that allows nothing (final, DEAD)
+    allows EOS in :meth:`mask_logits` and :meth:`allowed_mask` (``ended_allow_eos``).
+    """
+
+    def __init__(self, automaton: TrieAutomaton, device: Any = None) -> None:
+        if not isinstance(automaton, TrieAutomaton):
+            raise ArgumentTypeError(f"HostPlannedAutomaton needs a TrieAutomaton, got {type(automaton).__qualname__}")
+        self.automaton = automaton
+        try:
+            self.device = torch.device(device) if device is not None else torch.device("cpu")
+        except (TypeError, RuntimeError) as error:
+            raise ArgumentTypeError(f"device {device!r} is not a torch device: {error}") from None
+        self._eos_host = np.asarray(automaton.eos_token_ids, dtype=np.int64)
+
+    @property
+    def memory_bytes(self) -> int:
+        """Device bytes held: none (the automaton stays on the host)."""
+        return 0
+
+    def _pairs(self, states: Any, ended_allow_eos: bool) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        if isinstance(states, torch.Tensor):
+            if states.dim() != 1 or states.dtype not in (torch.int64, torch.int32):
+                raise StateError(f"states must be a 1-D int64 tensor, got {_describe(states)}")
+            states = states.cpu().numpy()
+        array = np.asarray(states)
+        if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+            raise StateError(f"states must be a 1-D sequence of integers, got {_describe(array)}")
+        pair_rows, pair_tokens = self.automaton.allowed_token_pairs(array.astype(np.int64, copy=False))
+        rows, tokens = pair_rows.astype(np.int64, copy=False), pair_tokens.astype(np.int64)
+        if ended_allow_eos and len(self._eos_host):
+            ended = np.flatnonzero(np.bincount(rows, minlength=len(array)) == 0)  # final or DEAD
+            rows = np.concatenate([rows, np.repeat(ended, len(self._eos_host))])
+            tokens = np.concatenate([tokens, np.tile(self._eos_host, len(ended))])
+        return rows, tokens
+
+    def _upload(self, array: Any, device: Any) -> Any:
+        return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int64)).to(device, non_blocking=True)
+
+    def allowed_mask(self, states: Any, vocab_size: int | None = None, *, ended_allow_eos: bool = True) -> Any:
+        """A ``(batch, vocab_size)`` boolean tensor: token ``j`` allowed in row ``i`` (see
+        :meth:`DeviceAutomaton.allowed_mask`)."""
+        width = self.automaton.vocab_size if vocab_size is None else int(vocab_size)
+        if width < self.automaton.vocab_size:
+            raise BitmaskError(f"vocab_size={width} is smaller than the automaton's {self.automaton.vocab_size}")
+        rows, tokens = self._pairs(states, ended_allow_eos)
+        mask = torch.zeros((len(states), width), dtype=torch.bool, device=self.device)
+        mask[self._upload(rows, self.device), self._upload(tokens, self.device)] = True
+        return mask
+
+    def mask_logits(self, logits: Any, states: Any, rows: Any = None, *, ended_allow_eos: bool = True) -> Any:
+        """Set the logits of disallowed tokens to ``-inf``, in place, and return them (see
+        :meth:`DeviceAutomaton.mask_logits`)."""
+        count = len(states)
+        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or (rows is None and logits.shape[0] != count):
+            raise BitmaskError(f"logits must be a (batch={count}, vocab) tensor, got {_describe(logits)}")
+        if logits.shape[1] < self.automaton.vocab_size:
+            raise BitmaskError(
+                f"logits have {logits.shape[1]} columns, fewer than the automaton's {self.automaton.vocab_size}"
+            )
+        if rows is None:
+            rows = torch.arange(count, device=logits.device)
+        elif not isinstance(rows, torch.Tensor) or rows.shape != (count,):
+            raise StateError(f"rows must be a tensor of shape ({count},), got {_describe(rows)}")
+        pair_rows, tokens = self._pairs(states, ended_allow_eos)
+        rows = rows.to(logits.device)
+        where = (rows[self._upload(pair_rows, logits.device)], self._upload(tokens, logits.device))
+        kept = logits[where]
+        logits.index_fill_(0, rows, float("-inf"))
+        logits[where] = kept
+        return logits
+
+    def next_states(self, states: Any, token_ids: Any) -> Any:
+        """The state of each row after its token (DEAD where not allowed), on the states' device."""
+        if not isinstance(states, torch.Tensor) or states.dim() != 1 or states.dtype not in (torch.int64, torch.int32):
+            raise StateError(f"states must be a 1-D int64 tensor, got {_describe(states)}")
+        if not isinstance(token_ids, torch.Tensor) or token_ids.shape != states.shape:
+            raise StateError(f"token_ids must be a tensor of shape {tuple(states.shape)}, got {_describe(token_ids)}")
+        following = self.automaton.next_states(states.cpu().numpy(), token_ids.cpu().numpy().astype(np.int64))
+        return torch.from_numpy(following.astype(np.int64)).to(states.device)
+
+
+def device_automaton(automaton: TrieAutomaton, device: Any = None) -> DeviceAutomaton | HostPlannedAutomaton:
+    """The automaton's arrays on ``device`` (:class:`DeviceAutomaton`), or, for one that stores
+    no edge arrays (an updated set, the lazy layout), its masks planned on the host
+    (:class:`HostPlannedAutomaton`)."""
+    if isinstance(automaton, UpdatedTrieAutomaton | LazyTrieAutomaton):
+        return HostPlannedAutomaton(automaton, device)
+    return DeviceAutomaton(automaton, device)
 
 
 def _describe(value: Any) -> str:

@@ -74,6 +74,7 @@ class CompiledSets:
         self._ended: CompiledSet | None = None
         self._generation = 0  # of the registered sets pinned here
         self._registered_keys: set[Any] | None = None  # their keys, once a reload made them differ
+        self._registered_names: dict[str, list[str]] = {}  # name -> values, as last followed
 
     @property
     def max_bytes(self) -> int:
@@ -98,14 +99,17 @@ class CompiledSets:
 
     def _compile(self, values: Sequence[str] | PatternRequest) -> CompiledSet:
         """A set (or a finite pattern) compiled, with its arrays on the device."""
-        from ..torch import DeviceAutomaton
-
         automaton: TrieAutomaton
         if isinstance(values, PatternRequest):  # bounded: a short pattern can ask for gigabytes
             automaton = self.compiler.compile_regex(values.pattern, max_bytes=self.limits.max_automaton_bytes)
         else:
             automaton = self.compiler.compile(values)
-        on_device = DeviceAutomaton(automaton, self.device)
+        return self._on_device(automaton)
+
+    def _on_device(self, automaton: TrieAutomaton) -> CompiledSet:
+        from ..torch import device_automaton
+
+        on_device = device_automaton(automaton, self.device)
         return CompiledSet(automaton, on_device, automaton.memory_bytes + on_device.memory_bytes + self.ENTRY_OVERHEAD)
 
     def _compile_schema(self, request: SchemaRequest) -> CompiledSet:
@@ -154,20 +158,55 @@ class CompiledSets:
             raise SetCompileError(message) from error
 
     def _follow_reloads(self) -> None:
-        """After the registered sets were reloaded: unpin the sets no longer registered (the
-        new ones are pinned when first requested)."""
+        """After the registered sets were reloaded: a set changed under its name is updated from
+        its pinned automaton (:meth:`~triemask.TrieAutomaton.with_values`: milliseconds for a
+        change of a few percent, a recompile beyond) and pinned under its new values; the sets
+        no longer registered are unpinned (new names are pinned when first requested)."""
         generation = registered_generation()
         if generation == self._generation:
             return
         try:
-            keys = {self._key(values) for values in registered_sets().values()}
+            registered = registered_sets()
+            keys = {name: self._key(values) for name, values in registered.items()}
         except ValueError:
             return
         with self._lock:
+            if self._generation == generation:  # another thread followed it meanwhile
+                return
             self._generation = generation
-            self._registered_keys = keys
-            for key in [key for key in self._pinned if key not in keys]:
+            previous, self._registered_names = self._registered_names, dict(registered)
+        for name, values in registered.items():
+            self._update_pinned(previous.get(name), values, keys[name])
+        with self._lock:
+            self._registered_keys = set(keys.values())
+            for key in [key for key in self._pinned if key not in self._registered_keys]:
                 del self._pinned[key]
+
+    def _update_pinned(self, old_values: Sequence[str] | None, values: Sequence[str], key: Any) -> None:
+        """Pin ``values`` as an update of the pinned ``old_values`` (nothing when either is
+        missing or the update fails: the set is then compiled when first requested)."""
+        with self._lock:
+            if old_values is None or key in self._pinned:
+                return
+            old = self._pinned.get(self._key(old_values))
+        if old is None or old.automaton is None:
+            return
+        kept, now = set(old_values), set(values)
+        try:
+            updated = old.automaton.with_values(added=sorted(now - kept), removed=sorted(kept - now))
+            entry = self._on_device(updated)
+        except Exception as error:  # (logged: the set is compiled whole at its first request)
+            logger.warning("triemask: registered set not updated in place, it will be recompiled: %s", error)
+            return
+        with self._lock:
+            self._pinned.setdefault(key, entry)
+
+    def follow_registered(self, registered: dict[str, list[str]]) -> None:
+        """Remember the registered sets by name (pinned at start-up), so that a set changed
+        under its name is updated from its pinned automaton."""
+        with self._lock:
+            self._registered_names = dict(registered)
+            self._generation = registered_generation()
 
     def pin(self, values: Sequence[str]) -> CompiledSet:
         """Compile ``values`` now and keep them for the life of the process (raises on failure)."""
@@ -202,6 +241,7 @@ def compile_registered(sets: CompiledSets) -> None:
             total += sets.pin(values).nbytes
         except Exception as error:  # noqa: PERF203 - the error path only
             raise ValueError(f"{SETS_ENV}: set {name!r} does not compile: {error}") from error
+    sets.follow_registered(registered)
     # what every schema of this vocabulary shares, now rather than in the first schema's step
     # (without xgrammar, schema requests end alone with that reason)
     with contextlib.suppress(ImportError):

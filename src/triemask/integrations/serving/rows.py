@@ -222,7 +222,7 @@ class SlotStates:
         self.set_of = np.full(slots, -1, dtype=np.int64)  # per slot: its set's index, -1 for none
         self.consumed = np.zeros(slots, dtype=np.int64)
         self.states = torch.zeros(slots, dtype=torch.int64, device=req_states.device)
-        self._resets: list[int] = []
+        self._resets: dict[int, int] = {}  # slot -> its set's initial state, written at the next flush
         self.schema_rows: dict[int, Row] = {}  # slots of JSON-schema requests
 
     def add(self, slot: int, params: Any) -> bool:
@@ -250,12 +250,18 @@ class SlotStates:
             else:
                 self.compiled[known] = compiled  # reuse the entry of a set no slot holds any more
         self.set_of[slot] = known
-        self._resets.append(slot)
+        automaton = compiled.automaton
+        self._resets[slot] = 0 if automaton is None else automaton.initial_state
 
     def flush(self) -> None:
-        if self._resets:
-            self.states[self._resets] = 0  # every automaton's initial state is node 0
-            self._resets.clear()
+        if not self._resets:
+            return
+        import torch
+
+        device = self.states.device  # (a compiled set starts at node 0; an updated set at a pair of states)
+        slots = torch.tensor(list(self._resets), dtype=torch.int64, device=device)
+        self.states[slots] = torch.tensor(list(self._resets.values()), dtype=torch.int64, device=device)
+        self._resets.clear()
 
     def apply(self, logits: Any, ctx: Any) -> Any:
         import torch
@@ -327,7 +333,8 @@ class SlotStates:
         """Walk a slot from the initial state through all of its output tokens."""
         start = int(self.req_states.prompt_len.np[slot])
         tokens = self.req_states.all_token_ids.gpu[slot, start : start + produced]
-        state = self.states[slot : slot + 1].clone().fill_(0)
+        initial = self.compiled[int(self.set_of[slot])].automaton
+        state = self.states[slot : slot + 1].clone().fill_(0 if initial is None else initial.initial_state)
         for token in tokens.split(1):
             state = on_device.next_states(state, token)
         self.states[slot] = state[0]
