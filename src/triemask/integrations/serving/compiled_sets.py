@@ -185,10 +185,11 @@ class CompiledSets:
     def _update_pinned(self, old_values: Sequence[str] | None, values: Sequence[str], key: Any) -> None:
         """Pin ``values`` as an update of the pinned ``old_values`` (nothing when either is
         missing or the update fails: the set is then compiled when first requested)."""
+        if old_values is None:
+            return
+        old_key = self._key(old_values)  # (a hash of the values: outside the lock)
         with self._lock:
-            if old_values is None or key in self._pinned:
-                return
-            old = self._pinned.get(self._key(old_values))
+            old = None if key in self._pinned else self._pinned.get(old_key)
         if old is None or old.automaton is None:
             return
         kept, now = set(old_values), set(values)
