@@ -50,6 +50,15 @@ def reference(monkeypatch: pytest.MonkeyPatch, call: Any, *args: Any, **kwargs: 
             _regex.clear_pattern_cache()
 
 
+def same_refusal(mine: Any, theirs: Any) -> None:
+    """The same error; for a budget, the same type (the C matching and the reference count the
+    same edges and work, but may notice the one or the other first, and stop at other figures)."""
+    if mine[0] is MemoryLimitError:
+        assert theirs[0] is MemoryLimitError, (mine, theirs)
+    else:
+        assert mine == theirs
+
+
 def same_dag(mine: Any, theirs: Any) -> None:
     if isinstance(theirs, tuple):  # an error
         assert mine == theirs
@@ -60,8 +69,9 @@ def same_dag(mine: Any, theirs: Any) -> None:
 
 
 def same_automaton(mine: Any, theirs: Any) -> None:
-    if isinstance(theirs, tuple):
-        assert mine == theirs
+    if isinstance(theirs, tuple) or isinstance(mine, tuple):
+        assert isinstance(mine, tuple) and isinstance(theirs, tuple), (mine, theirs)
+        same_refusal(mine, theirs)
         return
     ours, others = mine._stored_arrays(), theirs._stored_arrays()
     assert ours.keys() == others.keys()
@@ -175,7 +185,9 @@ def test_match_dag_checks_its_arrays() -> None:
     with pytest.raises(ValueError):
         native.match_dag(tables, *good, size, -1, -1, 3)
     assert native.match_dag(tables, *good, size, 0, -1, 0) == "edges"
-    assert native.match_dag(tables, *good, size, -1, 0, 0) == "work"
+    words = _regex.dag_of_pattern("[a-z]{3}")  # (Qwen2 spells digits one by one: the walk above never climbs)
+    climbing = [words.in_offsets, words.source, words.byte, words.accepting, eos]
+    assert native.match_dag(tables, *climbing, size, -1, 0, 0) == "work"
 
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

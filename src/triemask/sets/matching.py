@@ -103,16 +103,17 @@ def match_dag(
     while suffix.size:
         token = index.first_token[suffix]
         whole = token >= 0
-        found.append(keys.pack(starts[whole], token[whole], ends[whole]))
+        batch = [keys.pack(starts[whole], token[whole], ends[whole])]
         if index.dup_tokens is not None:
-            found.extend(_duplicate_edges(index, keys, starts[whole], suffix[whole], ends[whole]))
+            batch += _duplicate_edges(index, keys, starts[whole], suffix[whole], ends[whole])
+        found += batch
         grow = index.has_children[suffix]
         grow &= in_degree[starts] > 0
         starts, ends, suffix = starts[grow], ends[grow], suffix[grow]
         counts = in_degree[starts]
         total = int(counts.sum())
-        if budget is not None:
-            budget.spend(len(found[-1]), total)
+        if budget is not None:  # (every edge of the level, duplicate ids included)
+            budget.spend(sum(map(len, batch)), total)
         entry = np.repeat(np.arange(len(starts)), counts)
         edge = np.arange(total) + np.repeat(in_offsets[starts] - (np.cumsum(counts) - counts), counts)
         suffix = index.step(suffix[entry], dag.byte[edge], level)

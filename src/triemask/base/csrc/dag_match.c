@@ -4,8 +4,8 @@
  *           vocab_size, max_edges, max_work, mode)
  *   -> (edge_offsets int32[n + 2], edge_tokens int32, edge_dests int32, spelled int32) as
  *      bytearrays (spelled: the distinct text tokens on the edges, ascending), or the str
- *      "edges" / "work" as soon as the text edges pass max_edges / the walk's steps pass max_work
- *      (each -1: no limit), before the large allocations
+ *      "edges" / "work" as soon as the text edges pass max_edges / the edges the walk tries
+ *      pass max_work (each -1: no limit; the reference's counts), before the large allocations
  *
  * match_trie for a deterministic acyclic byte automaton (see triemask.sets.matching.match_dag):
  * nodes are numbered so that every edge leads to a higher id, edges sorted by destination (the
@@ -540,10 +540,6 @@ static PyObject *match_dag(PyObject *module, PyObject *args) {
         while (!failed && stack.size) {
             stack.size -= 2;
             int32_t a = stack.data[stack.size], u = stack.data[stack.size + 1];
-            if (max_work >= 0 && ++work > max_work) {
-                over_work = 1;
-                break;
-            }
             if (s.by_class) { /* every token of the class string, room made once */
                 int64_t lo = s.group_offsets[u], count = s.group_offsets[u + 1] - lo;
                 if (count && (failed = ints_reserve(&found, 3 * count) < 0) == 0) {
@@ -565,6 +561,12 @@ static PyObject *match_dag(PyObject *module, PyObject *args) {
             }
             if (!suffix_branches(&s, u)) {
                 continue;
+            }
+            /* the work: the edges into a tried from here (the reference's frontier entries) */
+            work += climb->in_offsets[a + 1] - climb->in_offsets[a];
+            if (max_work >= 0 && work > max_work) {
+                over_work = 1;
+                break;
             }
             for (int64_t e = climb->in_offsets[a]; !failed && e < climb->in_offsets[a + 1]; e++) {
                 int32_t next = suffix_child(&s, u, climb->label[e]);
