@@ -93,10 +93,7 @@ class DeviceAutomaton:
                 "compile the set with layout='trie' for the device"
             )
         self.automaton = automaton
-        try:
-            self.device = torch.device(device) if device is not None else torch.device("cpu")
-        except (TypeError, RuntimeError) as error:
-            raise ArgumentTypeError(f"device {device!r} is not a torch device: {error}") from None
+        self.device = _torch_device(device)
         edge_offsets, edge_tokens, edge_dests = automaton.edge_arrays()
         offsets = edge_offsets.astype(np.int64)  # num_nodes + 2 entries: the last, an empty sentinel
         tokens = edge_tokens.astype(np.int64)
@@ -201,9 +198,7 @@ class DeviceAutomaton:
         ``vocab_size`` is the logits width (default the automaton's; it may be larger,
         the extra columns are never allowed).
         """
-        width = self.automaton.vocab_size if vocab_size is None else int(vocab_size)
-        if width < self.automaton.vocab_size:
-            raise BitmaskError(f"vocab_size={width} is smaller than the automaton's {self.automaton.vocab_size}")
+        width = _mask_width(vocab_size, self.automaton.vocab_size)
         plan = self._plan(states, ended_allow_eos)
         mask = torch.zeros((len(states), width), dtype=torch.bool, device=self.device)
         mask[plan.allowed_rows, plan.allowed_tokens] = True
@@ -221,17 +216,7 @@ class DeviceAutomaton:
         ``min(allowed, vocab_size - allowed)`` writes, plus a fill of the row when
         fewer than half of the tokens are allowed.
         """
-        count = len(states)
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or (rows is None and logits.shape[0] != count):
-            raise BitmaskError(f"logits must be a (batch={count}, vocab) tensor, got {_describe(logits)}")
-        if logits.shape[1] < self.automaton.vocab_size:
-            raise BitmaskError(
-                f"logits have {logits.shape[1]} columns, fewer than the automaton's {self.automaton.vocab_size}"
-            )
-        if rows is None:
-            rows = torch.arange(count, device=logits.device)
-        elif not isinstance(rows, torch.Tensor) or rows.shape != (count,):
-            raise StateError(f"rows must be a tensor of shape ({count},), got {_describe(rows)}")
+        rows = _logits_rows(logits, len(states), rows, self.automaton.vocab_size)
         plan = self._plan(states, ended_allow_eos)
         rows = rows.to(logits.device)
         where = (rows[plan.allowed_rows.to(logits.device)], plan.allowed_tokens.to(logits.device))
@@ -270,10 +255,7 @@ class HostPlannedAutomaton:
         if not isinstance(automaton, TrieAutomaton):
             raise ArgumentTypeError(f"HostPlannedAutomaton needs a TrieAutomaton, got {type(automaton).__qualname__}")
         self.automaton = automaton
-        try:
-            self.device = torch.device(device) if device is not None else torch.device("cpu")
-        except (TypeError, RuntimeError) as error:
-            raise ArgumentTypeError(f"device {device!r} is not a torch device: {error}") from None
+        self.device = _torch_device(device)
         self._eos_host = np.asarray(automaton.eos_token_ids, dtype=np.int64)
 
     @property
@@ -303,9 +285,7 @@ class HostPlannedAutomaton:
     def allowed_mask(self, states: Any, vocab_size: int | None = None, *, ended_allow_eos: bool = True) -> Any:
         """A ``(batch, vocab_size)`` boolean tensor: token ``j`` allowed in row ``i`` (see
         :meth:`DeviceAutomaton.allowed_mask`)."""
-        width = self.automaton.vocab_size if vocab_size is None else int(vocab_size)
-        if width < self.automaton.vocab_size:
-            raise BitmaskError(f"vocab_size={width} is smaller than the automaton's {self.automaton.vocab_size}")
+        width = _mask_width(vocab_size, self.automaton.vocab_size)
         rows, tokens = self._pairs(states, ended_allow_eos)
         mask = torch.zeros((len(states), width), dtype=torch.bool, device=self.device)
         mask[self._upload(rows, self.device), self._upload(tokens, self.device)] = True
@@ -314,17 +294,7 @@ class HostPlannedAutomaton:
     def mask_logits(self, logits: Any, states: Any, rows: Any = None, *, ended_allow_eos: bool = True) -> Any:
         """Set the logits of disallowed tokens to ``-inf``, in place, and return them (see
         :meth:`DeviceAutomaton.mask_logits`)."""
-        count = len(states)
-        if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or (rows is None and logits.shape[0] != count):
-            raise BitmaskError(f"logits must be a (batch={count}, vocab) tensor, got {_describe(logits)}")
-        if logits.shape[1] < self.automaton.vocab_size:
-            raise BitmaskError(
-                f"logits have {logits.shape[1]} columns, fewer than the automaton's {self.automaton.vocab_size}"
-            )
-        if rows is None:
-            rows = torch.arange(count, device=logits.device)
-        elif not isinstance(rows, torch.Tensor) or rows.shape != (count,):
-            raise StateError(f"rows must be a tensor of shape ({count},), got {_describe(rows)}")
+        rows = _logits_rows(logits, len(states), rows, self.automaton.vocab_size)
         pair_rows, tokens = self._pairs(states, ended_allow_eos)
         rows = rows.to(logits.device)
         where = (rows[self._upload(pair_rows, logits.device)], self._upload(tokens, logits.device))
@@ -350,6 +320,34 @@ def device_automaton(automaton: TrieAutomaton, device: Any = None) -> DeviceAuto
     if isinstance(automaton, UpdatedTrieAutomaton | LazyTrieAutomaton):
         return HostPlannedAutomaton(automaton, device)
     return DeviceAutomaton(automaton, device)
+
+
+def _torch_device(device: Any) -> Any:
+    try:
+        return torch.device(device) if device is not None else torch.device("cpu")
+    except (TypeError, RuntimeError) as error:
+        raise ArgumentTypeError(f"device {device!r} is not a torch device: {error}") from None
+
+
+def _mask_width(vocab_size: int | None, automaton_width: int) -> int:
+    width = automaton_width if vocab_size is None else int(vocab_size)
+    if width < automaton_width:
+        raise BitmaskError(f"vocab_size={width} is smaller than the automaton's {automaton_width}")
+    return width
+
+
+def _logits_rows(logits: Any, count: int, rows: Any, automaton_width: int) -> Any:
+    """The rows of ``logits`` that ``count`` states belong to (by default ``0 .. count - 1``),
+    ``logits`` and ``rows`` checked."""
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 2 or (rows is None and logits.shape[0] != count):
+        raise BitmaskError(f"logits must be a (batch={count}, vocab) tensor, got {_describe(logits)}")
+    if logits.shape[1] < automaton_width:
+        raise BitmaskError(f"logits have {logits.shape[1]} columns, fewer than the automaton's {automaton_width}")
+    if rows is None:
+        return torch.arange(count, device=logits.device)
+    if not isinstance(rows, torch.Tensor) or rows.shape != (count,):
+        raise StateError(f"rows must be a tensor of shape ({count},), got {_describe(rows)}")
+    return rows
 
 
 def _describe(value: Any) -> str:

@@ -24,38 +24,6 @@
  * The answer's CSR is the NumPy compiler's: rows by source, tokens ascending within a row (a row's
  * tokens are distinct by determinism, but for an EOS id that is also a text token, sorted then). */
 
-typedef struct {
-    int32_t *data;
-    int64_t size, capacity;
-} Int32s;
-
-/* Room for `more` entries past the size. */
-static int ints_reserve(Int32s *v, int64_t more) {
-    if (v->size + more > v->capacity) {
-        int64_t capacity = v->capacity ? 2 * v->capacity : 1024;
-        while (capacity < v->size + more) {
-            capacity *= 2;
-        }
-        int32_t *grown = (int32_t *)realloc(v->data, (size_t)capacity * sizeof(int32_t));
-        if (grown == NULL) {
-            return -1;
-        }
-        v->data = grown, v->capacity = capacity;
-    }
-    return 0;
-}
-
-/* Appends `width` (<= 4) of a, b, c, d. */
-static inline int ints_push(Int32s *v, int width, int32_t a, int32_t b, int32_t c, int32_t d) {
-    if (v->size + width > v->capacity && ints_reserve(v, width) < 0) {
-        return -1;
-    }
-    const int32_t values[4] = {a, b, c, d};
-    memcpy(v->data + v->size, values, (size_t)width * sizeof(int32_t));
-    v->size += width;
-    return 0;
-}
-
 /* An open-addressing map from uint64 keys (never UINT64_MAX) to int32, grown at half load. */
 typedef struct {
     uint64_t *keys;
@@ -304,7 +272,8 @@ static int class_suffixes(Suffixes *s, const Climb *climb, const int32_t classes
                 continue;
             }
             int added;
-            int32_t child = map_get_or_put(&s->child, (uint64_t)cnode * (uint64_t)k + (uint64_t)c, (int32_t)nodes, &added);
+            uint64_t key = (uint64_t)cnode * (uint64_t)k + (uint64_t)c;
+            int32_t child = map_get_or_put(&s->child, key, (int32_t)nodes, &added);
             if (child < 0 || nodes >= INT32_MAX - 1) {
                 failed = 1;
                 break;

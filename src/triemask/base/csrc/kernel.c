@@ -127,11 +127,11 @@ static void Kernel_dealloc(Kernel *self) {
         }
         Py_XDECREF(self->patch->base);
         Py_XDECREF(self->patch->delta);
-        void *owned[8] = {self->patch->rewritten,     self->patch->shared,        self->patch->shared_base,
-                          self->patch->merged_offsets, self->patch->merged_tokens, self->patch->merged_dests,
-                          self->patch->merged_dense,  self->patch->merged_rows};
-        for (int i = 0; i < 8; i++) {
-            PyMem_Free(owned[i]);
+        PyMem_Free(self->patch->rewritten), PyMem_Free(self->patch->shared);
+        void *grown[6] = {self->patch->shared_base,   self->patch->merged_offsets, self->patch->merged_tokens,
+                          self->patch->merged_dests, self->patch->merged_dense,   self->patch->merged_rows};
+        for (int i = 0; i < 6; i++) {
+            free(grown[i]); /* (Int32s buffers) */
         }
         PyMem_Free(self->patch);
     }
@@ -221,6 +221,53 @@ static int exact_int(PyObject *obj, int64_t *out) {
 
 /* Sort a node's edge keys ascending (keys are distinct): insertion sort for the few edges
  * most nodes have, quicksort with median-of-three pivots above, no comparator calls. */
+/* A growing int32 array, malloc'd (usable with the GIL released): the walks' stacks and finds, the
+ * patch tables of an updated set, the tombstone pass's rows. */
+typedef struct {
+    int32_t *data;
+    int64_t size, capacity;
+} Int32s;
+
+/* Room for `more` entries past the size. */
+static int ints_reserve(Int32s *v, int64_t more) {
+    if (v->size + more > v->capacity) {
+        int64_t capacity = v->capacity ? 2 * v->capacity : 1024;
+        while (capacity < v->size + more) {
+            capacity *= 2;
+        }
+        int32_t *grown = (int32_t *)realloc(v->data, (size_t)capacity * sizeof(int32_t));
+        if (grown == NULL) {
+            return -1;
+        }
+        v->data = grown, v->capacity = capacity;
+    }
+    return 0;
+}
+
+/* Appends `width` (<= 4) of a, b, c, d. */
+static inline int ints_push(Int32s *v, int width, int32_t a, int32_t b, int32_t c, int32_t d) {
+    if (v->size + width > v->capacity && ints_reserve(v, width) < 0) {
+        return -1;
+    }
+    const int32_t values[4] = {a, b, c, d};
+    memcpy(v->data + v->size, values, (size_t)width * sizeof(int32_t));
+    v->size += width;
+    return 0;
+}
+
+static inline int ints_append(Int32s *v, int32_t value) {
+    return ints_push(v, 1, value, 0, 0, 0);
+}
+
+/* `count` more entries at the end, uninitialised. */
+static int ints_extend(Int32s *v, int64_t count) {
+    if (ints_reserve(v, count) < 0) {
+        return -1;
+    }
+    v->size += count;
+    return 0;
+}
+
 static void sort_keys(uint64_t *a, int64_t n) {
     while (n > 24) {
         uint64_t x = a[0], y = a[n / 2], z = a[n - 1];

@@ -734,7 +734,8 @@ static PyObject *dag_of_trie(PyObject *module, PyObject *args) {
     uint8_t *accepts = (uint8_t *)calloc((size_t)n, 1);
     Int32s signature = {0};
     Interned signatures;
-    int ready = interned_init(&signatures) == 0, failed = first == NULL || canonical == NULL || accepts == NULL || !ready;
+    int ready = interned_init(&signatures) == 0;
+    int failed = first == NULL || canonical == NULL || accepts == NULL || !ready;
     Py_BEGIN_ALLOW_THREADS
     if (!failed) {
         for (Py_ssize_t i = 0; i < k; i++) {

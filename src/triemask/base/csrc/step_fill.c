@@ -673,36 +673,6 @@ static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t na
 
 
 
-/* A growing int32 array (the merged nodes' tables are built breadth-first). */
-typedef struct {
-    int32_t *data;
-    int64_t size, cap;
-} Grow;
-
-static int grow_by(Grow *g, int64_t count) {
-    if (g->size + count > g->cap) {
-        int64_t cap = g->cap ? 2 * g->cap : 256;
-        while (cap < g->size + count) {
-            cap *= 2;
-        }
-        int32_t *data = (int32_t *)PyMem_Realloc(g->data, (size_t)cap * sizeof(int32_t));
-        if (data == NULL) {
-            return -1;
-        }
-        g->data = data, g->cap = cap;
-    }
-    g->size += count;
-    return 0;
-}
-
-static int grow_push(Grow *g, int32_t value) {
-    if (grow_by(g, 1) < 0) {
-        return -1;
-    }
-    g->data[g->size - 1] = value;
-    return 0;
-}
-
 /* The patch's lookup tables: which base nodes were rewritten, and the merged nodes (see
  * Patch), found breadth-first from the initial pair (both roots): a merged node's edges into
  * two nodes lead to the next. 0, or -1 out of memory. */
@@ -721,11 +691,11 @@ static int patch_tables(Patch *p) {
     for (int64_t i = 0; i < n_delta; i++) {
         p->shared[i] = -1;
     }
-    Grow bases = {0}, deltas = {0}, offsets = {0}, tokens = {0}, dests = {0}, dense = {0}, rows = {0};
-    int failed = grow_push(&offsets, 0) < 0;
+    Int32s bases = {0}, deltas = {0}, offsets = {0}, tokens = {0}, dests = {0}, dense = {0}, rows = {0};
+    int failed = ints_append(&offsets, 0) < 0;
     if (!failed && n_delta > 0 && b->num_nodes > 0) {
         p->shared[0] = 0;
-        failed = grow_push(&bases, 0) < 0 || grow_push(&deltas, 0) < 0;
+        failed = ints_append(&bases, 0) < 0 || ints_append(&deltas, 0) < 0;
     }
     for (int64_t k = 0; !failed && k < bases.size; k++) { /* (bases grows as merged nodes are found) */
         Edges x, y;
@@ -747,27 +717,28 @@ static int patch_tables(Patch *p) {
             } else {
                 token = x.tokens[i], to_base = x.dests[i++], to_delta = y.dests[j++];
             }
-            failed = grow_push(&tokens, token) < 0 || grow_push(&dests, (int32_t)((to_base + 1) * p->span + to_delta)) < 0;
+            int32_t joined = (int32_t)((to_base + 1) * p->span + to_delta);
+            failed = ints_append(&tokens, token) < 0 || ints_append(&dests, joined) < 0;
             if (!failed && to_base >= 0 && to_base < b->num_nodes && to_delta >= 0 && to_delta < n_delta &&
                 p->shared[to_delta] < 0) {
                 p->shared[to_delta] = (int32_t)bases.size;
-                failed = grow_push(&bases, (int32_t)to_base) < 0 || grow_push(&deltas, (int32_t)to_delta) < 0;
+                failed = ints_append(&bases, (int32_t)to_base) < 0 || ints_append(&deltas, (int32_t)to_delta) < 0;
             }
         }
         int64_t first = offsets.data[k], count = tokens.size - first;
-        failed = failed || grow_push(&offsets, (int32_t)tokens.size) < 0;
+        failed = failed || ints_append(&offsets, (int32_t)tokens.size) < 0;
         if (!failed && count >= b->dense_min) { /* a whole row, as the plain kernel stores them */
-            failed = grow_push(&dense, (int32_t)(rows.size / b->width)) < 0 || grow_by(&rows, b->width) < 0;
+            failed = ints_append(&dense, (int32_t)(rows.size / b->width)) < 0 || ints_extend(&rows, b->width) < 0;
             if (!failed) {
                 int32_t *row = rows.data + rows.size - b->width;
                 memset(row, 0, (size_t)b->width * sizeof(int32_t));
                 set_token_bits(row, tokens.data + first, (int32_t)count);
             }
         } else if (!failed) {
-            failed = grow_push(&dense, -1) < 0;
+            failed = ints_append(&dense, -1) < 0;
         }
     }
-    PyMem_Free(deltas.data);
+    free(deltas.data);
     p->merged = bases.size, p->merged_edges = tokens.size, p->rows = b->width ? rows.size / b->width : 0;
     p->owned_bytes = 8 * (b->num_nodes / 64 + 1) + 4 * (n_delta + bases.size + offsets.size + 2 * tokens.size +
                                                          dense.size + rows.size);

@@ -116,8 +116,8 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
     int64_t *counts = (int64_t *)PyMem_Calloc((size_t)(3 * n + 1), sizeof(int64_t));
     Py_ssize_t *order = (Py_ssize_t *)PyMem_Malloc((size_t)(n + 1) * sizeof(Py_ssize_t));
     uint8_t *dead = (uint8_t *)PyMem_Calloc((size_t)(n + 1), 1);
-    Grow rewritten = {0}, offsets = {0}, kept_tokens = {0}, kept_dests = {0};
-    int failed = counts == NULL || order == NULL || dead == NULL || grow_push(&offsets, 0) < 0;
+    Int32s rewritten = {0}, offsets = {0}, kept_tokens = {0}, kept_dests = {0};
+    int failed = counts == NULL || order == NULL || dead == NULL || ints_append(&offsets, 0) < 0;
     int64_t *children = counts, *on_paths = counts + n, *dead_children = counts + 2 * n;
     for (Py_ssize_t i = 0; !failed && i < n; i++) {
         Py_ssize_t parent = parents[i] >= 0 ? find_sorted(nodes, n, parents[i]) : -1;
@@ -197,12 +197,13 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
                 if (!dropped) {
                     break;
                 }
-                failed = grow_by(&kept_tokens, e.count - dropped) < 0 || grow_by(&kept_dests, e.count - dropped) < 0;
+                int64_t kept = e.count - dropped;
+                failed = ints_extend(&kept_tokens, kept) < 0 || ints_extend(&kept_dests, kept) < 0;
                 if (failed) {
                     break;
                 }
-                to_tokens = kept_tokens.data + kept_tokens.size - (e.count - dropped);
-                to_dests = kept_dests.data + kept_dests.size - (e.count - dropped);
+                to_tokens = kept_tokens.data + kept_tokens.size - kept;
+                to_dests = kept_dests.data + kept_dests.size - kept;
             }
             for (int32_t j = 0; j < e.count; j++) {
                 int32_t dest = e.dests[j];
@@ -219,14 +220,15 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
             }
         }
         if (dropped && !failed) {
-            failed = grow_push(&rewritten, (int32_t)nodes[i]) < 0 || grow_push(&offsets, (int32_t)kept_tokens.size) < 0;
+            failed = ints_append(&rewritten, (int32_t)nodes[i]) < 0 ||
+                     ints_append(&offsets, (int32_t)kept_tokens.size) < 0;
         }
     }
     PyMem_Free(dead_bits);
     if (failed) {
         PyErr_NoMemory();
     } else {
-        Grow *parts[4] = {&rewritten, &offsets, &kept_tokens, &kept_dests};
+        Int32s *parts[4] = {&rewritten, &offsets, &kept_tokens, &kept_dests};
         result = PyTuple_New(4);
         for (int i = 0; result != NULL && i < 4; i++) {
             PyObject *bytes = PyBytes_FromStringAndSize((const char *)parts[i]->data, (Py_ssize_t)parts[i]->size * 4);
@@ -238,7 +240,7 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
         }
     }
     PyMem_Free(counts), PyMem_Free(order), PyMem_Free(dead);
-    PyMem_Free(rewritten.data), PyMem_Free(offsets.data), PyMem_Free(kept_tokens.data), PyMem_Free(kept_dests.data);
+    free(rewritten.data), free(offsets.data), free(kept_tokens.data), free(kept_dests.data);
 done:
     for (int i = 0; i < held; i++) {
         PyBuffer_Release(&views[i]);

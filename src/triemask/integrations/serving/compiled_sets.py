@@ -74,7 +74,8 @@ class CompiledSets:
         self._ended: CompiledSet | None = None
         self._generation = 0  # of the registered sets pinned here
         self._registered_keys: set[Any] | None = None  # their keys, once a reload made them differ
-        self._registered_names: dict[str, list[str]] = {}  # name -> values, as last followed
+        # name -> (values, key), as last followed: a changed set is updated from the old one
+        self._registered_names: dict[str, tuple[list[str], Any]] = {}
 
     @property
     def max_bytes(self) -> int:
@@ -174,27 +175,27 @@ class CompiledSets:
             if self._generation == generation:  # another thread followed it meanwhile
                 return
             self._generation = generation
-            previous, self._registered_names = self._registered_names, dict(registered)
+            previous = self._registered_names
+            self._registered_names = {name: (values, keys[name]) for name, values in registered.items()}
         for name, values in registered.items():
-            self._update_pinned(previous.get(name), values, keys[name])
+            if name in previous:
+                self._update_pinned(previous[name], values, keys[name])
         with self._lock:
             self._registered_keys = set(keys.values())
             for key in [key for key in self._pinned if key not in self._registered_keys]:
                 del self._pinned[key]
 
-    def _update_pinned(self, old_values: Sequence[str] | None, values: Sequence[str], key: Any) -> None:
-        """Pin ``values`` as an update of the pinned ``old_values`` (nothing when either is
-        missing or the update fails: the set is then compiled when first requested)."""
-        if old_values is None:
-            return
-        old_key = self._key(old_values)  # (a hash of the values: outside the lock)
+    def _update_pinned(self, old: tuple[list[str], Any], values: Sequence[str], key: Any) -> None:
+        """Pin ``values`` as an update of the pinned set ``old`` (its values and key; nothing when
+        it is not pinned or the update fails: the set is then compiled when first requested)."""
+        old_values, old_key = old
         with self._lock:
-            old = None if key in self._pinned else self._pinned.get(old_key)
-        if old is None or old.automaton is None:
+            entry = None if key in self._pinned else self._pinned.get(old_key)
+        if entry is None or entry.automaton is None:
             return
         kept, now = set(old_values), set(values)
         try:
-            updated = old.automaton.with_values(added=sorted(now - kept), removed=sorted(kept - now))
+            updated = entry.automaton.with_values(added=sorted(now - kept), removed=sorted(kept - now))
             entry = self._on_device(updated)
         except Exception as error:  # (logged: the set is compiled whole at its first request)
             logger.warning("triemask: registered set not updated in place, it will be recompiled: %s", error)
@@ -205,8 +206,9 @@ class CompiledSets:
     def follow_registered(self, registered: dict[str, list[str]]) -> None:
         """Remember the registered sets by name (pinned at start-up), so that a set changed
         under its name is updated from its pinned automaton."""
+        keys = {name: self._key(values) for name, values in registered.items()}
         with self._lock:
-            self._registered_names = dict(registered)
+            self._registered_names = {name: (values, keys[name]) for name, values in registered.items()}
             self._generation = registered_generation()
 
     def pin(self, values: Sequence[str]) -> CompiledSet:
