@@ -230,3 +230,14 @@ def test_dag_of_trie_checks_its_trie() -> None:
     ):
         with pytest.raises(ValueError, match="breadth-first trie"):
             native.dag_of_trie(*bad)
+
+
+@pytest.mark.parametrize("merges", [[], [b"ab", b"\xc3", b"a\xc3\xa9", b"\x00\xff", b'"\\', b"\n\r"]])
+def test_every_byte_a_token_compiles_as_the_reference(merges: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every byte a token (NUL, controls, quotes, backslash, bytes no UTF-8 text holds): the C
+    matching assumes no byte away, whatever the classes (any character, negations, escapes)."""
+    from conftest import byte_vocabulary
+
+    compiler = Compiler(byte_vocabulary(merges))
+    for pattern in [".{0,2}", "[^a]{1,2}", "\\s\\S", '[\\x00-\\x1f"\\\\]{1,3}', "\\w{2}é?", FORMATS["ipv4"]]:
+        same_automaton(compiler.compile_regex(pattern), reference(monkeypatch, compiler.compile_regex, pattern))
