@@ -8,11 +8,15 @@ a time) three times: ``jump_forward=False`` (a forward pass per token), ``True``
 continuation shares goes in with the model's next token as a draft the model verifies: the
 answers of the plain loop, in fewer passes) and ``"canonical"`` (the tokenizer's tokens of that
 text taken as they are, all but the last: fewer passes again, answers that may differ).
-Three tasks: ICD-10-CM codes (74,719) from their descriptions; a tool name of the 10,000-tool
+Four tasks: ICD-10-CM codes (74,719) from their descriptions; a tool name of the 10,000-tool
 registry; a tool call with arguments over the same registry (``compile_tools``, compact JSON,
-a system message that shows the call's shape). Every answer is checked: complete within
-``max_new_tokens`` (a member; JSON that parses; a small model may write a string argument until
-the budget runs out, leaving a valid prefix), and valid (a call of a registered tool whose
+a system message that shows the call's shape), its requests carrying the arguments' values as
+users' requests do (an id, a query, a text, a priority) and its ids at most 40 characters long
+(``maxLength``, as a registry that knows its ids' format bounds them); and the same calls from
+requests that name only the action ("Archive a release."), ids unbounded: the model invents the
+arguments, and a small one may write an id until ``max_new_tokens`` runs out (free text, where
+nothing is forced, leaving a valid prefix). Every answer is checked: complete within
+``max_new_tokens`` (a member; JSON that parses), and valid (a call of a registered tool whose
 arguments validate). "Same answer" compares a run's texts with
 the plain run's; "same decision" the code, the name, the called tool. The default model's converted
 weights must be there (``make demo``).
@@ -21,6 +25,7 @@ weights must be there (``make demo``).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import platform
 import statistics
@@ -34,6 +39,39 @@ from triemask.datasets import load_icd10cm_descriptions, load_tool_registry, too
 
 MODES: dict[bool | str, str] = {False: "plain", True: "verified", "canonical": "canonical"}  # (jump_forward)
 SYSTEM_CALL = 'Answer with one tool call as JSON: {"name": "<tool name>", "arguments": {<its arguments>}}.'
+ID_LENGTH = 40  # (maxLength of the ids in the calls whose requests carry their arguments)
+# the values of the string arguments the requests carry, by property name
+ARGUMENT_TEXTS = {
+    "query": ("login timeout", "quarterly report", "failed payments", "stale branches"),
+    "text": ("deploy finished", "please review the draft", "server is back up", "meeting moved to 3pm"),
+}
+
+
+def _request(number: int, spec: dict[str, Any]) -> str:
+    """A request for ``spec``'s tool that carries its required arguments' values: an id
+    (``REP-1074``), a query or a text, an enum's value ("low priority")."""
+    function = spec["function"]
+    parameters = function["parameters"]
+    parts = []
+    for key in parameters["required"]:
+        schema = parameters["properties"][key]
+        if "enum" in schema:
+            parts.append(f"{schema['enum'][number % len(schema['enum'])]} {key}")
+        elif key.endswith("_id"):
+            parts.append(f"{key.replace('_', ' ')} {key[:3].upper()}-{1000 + 37 * number}")
+        else:
+            texts = ARGUMENT_TEXTS[key]
+            parts.append(f'{key} "{texts[number % len(texts)]}"')
+    return f"{function['description']}: {', '.join(parts)}."
+
+
+def _with_bounded_ids(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with ``maxLength`` on its ``*_id`` string properties."""
+    bounded = copy.deepcopy(spec)
+    for key, schema in bounded["function"]["parameters"]["properties"].items():
+        if key.endswith("_id"):
+            schema["maxLength"] = ID_LENGTH
+    return bounded
 
 
 def _tasks(count: int) -> list[dict[str, Any]]:
@@ -61,6 +99,13 @@ def _tasks(count: int) -> list[dict[str, Any]]:
         },
         {
             "task": "tool call with arguments (10,000)",
+            "tools": [_with_bounded_ids(s) for s in specs],
+            "prompts": [_request(number, s) for number, s in enumerate(chosen)],
+            "system": SYSTEM_CALL,
+            "max_new_tokens": 96,
+        },
+        {
+            "task": "tool call, arguments invented (10,000)",
             "tools": specs,
             "prompts": [f"{s['function']['description']}." for s in chosen],
             "system": SYSTEM_CALL,
