@@ -305,3 +305,14 @@ def test_the_c_walks_and_tombstones_equal_the_reference(
             indices.tolist(),
         )
     assert found["c"] == found["reference"]
+
+
+def test_single_byte_tokens_are_found_once_and_read_only() -> None:
+    """The table an update reads is the compiler's own (no vocabulary scan per update), and no
+    caller can change it under the next update."""
+    compiler = Compiler(byte_vocabulary([b"ab"]), disk_cache=False)
+    found = compiler.single_byte_tokens()
+    assert found is compiler.single_byte_tokens()
+    assert found[ord("a")] >= 0 and not found.flags.writeable
+    with pytest.raises(ValueError):
+        found[0] = 5

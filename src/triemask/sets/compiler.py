@@ -67,7 +67,7 @@ class SetCompiler:
     :class:`triemask.Compiler` (which adds JSON schemas and tool lists; its docstring has the
     parameters). The schema layer uses this half directly."""
 
-    __slots__ = ("__weakref__", "_index", "_index_source", "_vocab")
+    __slots__ = ("__weakref__", "_byte_tokens", "_index", "_index_source", "_vocab")
 
     def __init__(
         self, vocab: Vocabulary, *, disk_cache: bool = True, cache_dir: str | os.PathLike[str] | None = None
@@ -75,6 +75,7 @@ class SetCompiler:
         if not isinstance(vocab, Vocabulary):
             raise ArgumentTypeError(f"Compiler needs a triemask.Vocabulary, got {type(vocab).__qualname__}")
         self._vocab = vocab
+        self._byte_tokens: npt.NDArray[np.int64] | None = None
         directory = (Path(cache_dir) if cache_dir is not None else cache_directory()) if disk_cache else None
         self._index, self._index_source = TokenIndex.cached(vocab, directory)
 
@@ -84,14 +85,18 @@ class SetCompiler:
         return self._vocab
 
     def single_byte_tokens(self) -> npt.NDArray[np.int64]:
-        """For each byte value, the smallest id of a token that is exactly that byte (-1: none)."""
-        found = np.full(256, -1, dtype=np.int64)
-        lengths, offsets, data = self._vocab.byte_table()
-        ids = np.flatnonzero(lengths == 1)
-        raw = np.frombuffer(data, dtype=np.uint8)
-        order = ids[::-1]  # the smallest id written last
-        found[raw[offsets[order]]] = order
-        return found
+        """For each byte value, the smallest id of a token that is exactly that byte (-1: none);
+        read-only, found once per compiler (a scan of the vocabulary each update would repeat)."""
+        if self._byte_tokens is None:
+            found = np.full(256, -1, dtype=np.int64)
+            lengths, offsets, data = self._vocab.byte_table()
+            ids = np.flatnonzero(lengths == 1)
+            raw = np.frombuffer(data, dtype=np.uint8)
+            order = ids[::-1]  # the smallest id written last
+            found[raw[offsets[order]]] = order
+            found.setflags(write=False)
+            self._byte_tokens = found
+        return self._byte_tokens
 
     def stats(self) -> dict[str, Any]:
         """Sizes and build (or load) time of the per-vocabulary token index, and ``source``:
