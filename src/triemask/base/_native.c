@@ -183,7 +183,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     struct_field = PyLong_FromLong(STRUCT_FIELD);
     empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
     if (struct_field == NULL || empty_bytes == NULL || str_handle == NULL || str_step_tables == NULL ||
-        str_accept_token == NULL || str_fill_next_token_bitmask == NULL || str_batch_fill == NULL || small_zero == NULL) {
+        str_accept_token == NULL || str_fill_next_token_bitmask == NULL || str_batch_fill == NULL ||
+        small_zero == NULL) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&native_module);

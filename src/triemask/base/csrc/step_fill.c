@@ -46,19 +46,24 @@ static inline int node_edges(const Kernel *self, int64_t node, Edges *out) {
     return 0;
 }
 
-/* Where `value` is in the ascending `items`, or -1. */
-static inline Py_ssize_t find_int32(const int32_t *items, Py_ssize_t count, int64_t value) {
-    Py_ssize_t lo = 0, hi = count;
-    while (lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (items[mid] < value) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
+/* find_int32, find_int64: where `value` is in the ascending `items`, or -1 (one binary search,
+ * for the two widths the kernel's sorted arrays come in). */
+#define DEFINE_FIND(name, type)                                                                 \
+    static inline Py_ssize_t name(const type *items, Py_ssize_t count, int64_t value) {        \
+        Py_ssize_t lo = 0, hi = count;                                                          \
+        while (lo < hi) {                                                                       \
+            Py_ssize_t mid = lo + (hi - lo) / 2;                                                \
+            if (items[mid] < value) {                                                           \
+                lo = mid + 1;                                                                   \
+            } else {                                                                            \
+                hi = mid;                                                                       \
+            }                                                                                   \
+        }                                                                                       \
+        return lo < count && items[lo] == value ? lo : -1;                                      \
     }
-    return lo < count && items[lo] == value ? lo : -1;
-}
+DEFINE_FIND(find_int32, int32_t)
+DEFINE_FIND(find_int64, int64_t)
+#undef DEFINE_FIND
 
 /* Where a node's edge with `token` leads, or -1. */
 static inline int32_t edge_to(const Edges *e, int64_t token) {
@@ -141,7 +146,8 @@ static inline Parts parts_of(const Patch *p, int64_t state) {
     out.base = code / p->span - 1;
     out.delta = code % p->span - 1;
     out.rewritten = -1;
-    if (out.base >= 0 && out.base < ((const Kernel *)p->base)->num_nodes && (p->rewritten[out.base >> 6] >> (out.base & 63) & 1)) {
+    if (out.base >= 0 && out.base < ((const Kernel *)p->base)->num_nodes &&
+        (p->rewritten[out.base >> 6] >> (out.base & 63) & 1)) {
         out.rewritten = find_int32((const int32_t *)p->nodes.buf, p->nodes.shape[0], out.base);
     }
     return out;
@@ -809,7 +815,8 @@ static PyObject *updated_kernel(PyObject *module, PyObject *args) {
         }
     }
     if (bad) {
-        PyErr_SetString(PyExc_ValueError, "updated_kernel: rewritten nodes, offsets, tokens or destinations out of range");
+        PyErr_SetString(PyExc_ValueError,
+                        "updated_kernel: rewritten nodes, offsets, tokens or destinations out of range");
         Py_DECREF(self);
         return NULL;
     }

@@ -60,19 +60,6 @@ static PyObject *walk_paths(PyObject *module, PyObject *args) {
     return out;
 }
 
-static inline Py_ssize_t find_sorted(const int64_t *items, Py_ssize_t n, int64_t value) {
-    Py_ssize_t lo = 0, hi = n;
-    while (lo < hi) {
-        Py_ssize_t mid = lo + (hi - lo) / 2;
-        if (items[mid] < value) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo < n && items[lo] == value ? lo : -1;
-}
-
 /* tombstone_edges(kernel, nodes, parents, depths, indices, removed, single, eos, initial)
  *   -> (rewritten nodes, offsets, tokens, dests) as int32 bytes
  * The nodes on the removed values' paths (int64, ascending, distinct) with each one's parent
@@ -124,7 +111,7 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
     int failed = counts == NULL || order == NULL || dead == NULL || ints_append(&offsets, 0) < 0;
     int64_t *children = counts, *on_paths = counts + n, *dead_children = counts + 2 * n;
     for (Py_ssize_t i = 0; !failed && i < n; i++) {
-        Py_ssize_t parent = parents[i] >= 0 ? find_sorted(nodes, n, parents[i]) : -1;
+        Py_ssize_t parent = parents[i] >= 0 ? find_int64(nodes, n, parents[i]) : -1;
         if (parent >= 0) {
             on_paths[parent]++;
         }
@@ -133,7 +120,7 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
        children are counted only as far as telling whether they all lie on paths */
     Py_ssize_t maybe = 0;
     for (Py_ssize_t i = 0; !failed && i < n; i++) {
-        int keeps = indices[i] >= 0 && find_sorted(removed, n_removed, indices[i]) < 0;
+        int keeps = indices[i] >= 0 && find_int64(removed, n_removed, indices[i]) < 0;
         if (keeps || nodes[i] == initial) {
             continue;
         }
@@ -172,7 +159,7 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
         Py_ssize_t i = order[m];
         if (dead_children[i] == children[i]) {
             dead[i] = 1;
-            Py_ssize_t parent = parents[i] >= 0 ? find_sorted(nodes, n, parents[i]) : -1;
+            Py_ssize_t parent = parents[i] >= 0 ? find_int64(nodes, n, parents[i]) : -1;
             if (parent >= 0) {
                 dead_children[parent]++;
             }
@@ -193,7 +180,7 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
         }
         Edges e;
         node_edges(k, nodes[i], &e);
-        int own = indices[i] >= 0 && find_sorted(removed, n_removed, indices[i]) >= 0;
+        int own = indices[i] >= 0 && find_int64(removed, n_removed, indices[i]) >= 0;
         int32_t dropped = 0;
         for (int pass = 0; pass < 2 && !failed; pass++) { /* count, then (if any went) keep the rest */
             int32_t *to_tokens = NULL, *to_dests = NULL;
