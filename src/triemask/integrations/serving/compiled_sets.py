@@ -203,17 +203,27 @@ class CompiledSets:
         with self._lock:
             self._pinned.setdefault(key, entry)
 
-    def follow_registered(self, registered: dict[str, list[str]]) -> None:
-        """Remember the registered sets by name (pinned at start-up), so that a set changed
-        under its name is updated from its pinned automaton."""
-        keys = {name: self._key(values) for name, values in registered.items()}
+    def pin_registered(self, registered: dict[str, list[str]]) -> int:
+        """Pin every registered set (server start-up) and remember them by name, so that a set
+        changed under its name is updated from its pinned automaton; returns their bytes.
+        Raises ValueError naming a set that does not compile."""
+        keys, total = {}, 0
+        for name, values in registered.items():
+            try:
+                keys[name] = self._key(values)
+                total += self._pin(values, keys[name]).nbytes
+            except Exception as error:  # noqa: PERF203 - the error path only
+                raise ValueError(f"{SETS_ENV}: set {name!r} does not compile: {error}") from error
         with self._lock:
             self._registered_names = {name: (values, keys[name]) for name, values in registered.items()}
             self._generation = registered_generation()
+        return total
 
     def pin(self, values: Sequence[str]) -> CompiledSet:
         """Compile ``values`` now and keep them for the life of the process (raises on failure)."""
-        key = self._key(values)
+        return self._pin(values, self._key(values))
+
+    def _pin(self, values: Sequence[str], key: tuple[Any, ...]) -> CompiledSet:
         with self._lock:
             entry = self._pinned.get(key)
         if entry is None:
@@ -238,13 +248,7 @@ def compile_registered(sets: CompiledSets) -> None:
     started = time.perf_counter()
     Limits.from_env()  # a malformed limit setting stops the start-up, not the first request
     registered = registered_sets()
-    total = 0
-    for name, values in registered.items():
-        try:
-            total += sets.pin(values).nbytes
-        except Exception as error:  # noqa: PERF203 - the error path only
-            raise ValueError(f"{SETS_ENV}: set {name!r} does not compile: {error}") from error
-    sets.follow_registered(registered)
+    total = sets.pin_registered(registered)
     # what every schema of this vocabulary shares, now rather than in the first schema's step
     # (without xgrammar, schema requests end alone with that reason)
     with contextlib.suppress(ImportError):
