@@ -65,7 +65,7 @@ test-asan: $(VENV)/.installed-test
 		LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 		PYTHONPATH=build/asan-pkg $(PY) -m pytest -q -p no:cacheprovider tests/test_native.py tests/test_native_patterns.py \
 		tests/test_properties.py tests/test_matcher.py tests/test_edges.py tests/test_regex.py tests/test_compile.py \
-		tests/test_lazy.py tests/test_schema_native.py tests/test_update.py
+		tests/test_lazy.py tests/test_lazy_dag.py tests/test_schema_native.py tests/test_update.py
 
 # Peer equivalence (installs xgrammar, which needs torch: the CPU build is pinned first).
 test-peers: $(VENV)/.installed-test

@@ -9,9 +9,10 @@ semver, identifiers), all in this process:
 
 * compile: triemask *cold* (the pattern's automaton built too: the first compile of
   a pattern in a process) and *warm* (pattern automaton cached, as every later
-  compile of the pattern, on any vocabulary); xgrammar ``compile_regex`` with its
-  cache off plus the first mask; llguidance ``grammar_from_regex`` plus matcher
-  plus first mask (it is lazy). Median of the repeats;
+  compile of the pattern, on any vocabulary), in the eager layout (every state's edges) and
+  the lazy one (``layout="lazy"``, cold, to the first mask); xgrammar ``compile_regex`` with
+  its cache off plus the first mask; llguidance ``grammar_from_regex`` plus matcher plus first
+  mask (it is lazy). Median of the repeats;
 * per step: fill one bitmask row + advance by the token, along random walks
   (triemask ``fill_bitmask`` + ``next_state``; xgrammar ``GrammarMatcher``),
   with triemask's per step on a 1,000-value set as the yardstick;
@@ -149,12 +150,18 @@ def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, An
     set_automaton = compiler.compile(tools)
     set_paths = _walks(set_automaton, walks, seed=1)
     set_step = _triemask_step(set_automaton, set_paths, bitmask, repeats)
+    compiler.compile_regex("a", layout="lazy")  # (the vocabulary's token trie, for the lazy layout: prepared once)
     rows = []
     for fmt, pattern in PATTERNS.items():
 
         def cold(pattern: str = pattern) -> None:
             clear_pattern_cache()
             compiler.compile_regex(pattern)
+
+        def lazy_cold(pattern: str = pattern) -> None:
+            clear_pattern_cache()
+            lazy = compiler.compile_regex(pattern, layout="lazy")
+            lazy.fill_bitmask(bitmask, (lazy.initial_state,))
 
         def xgrammar_compile(pattern: str = pattern) -> None:
             compiled = xgr.GrammarCompiler(info, cache_enabled=False).compile_regex(pattern)
@@ -166,6 +173,7 @@ def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, An
 
         cold_s = median_seconds(cold, repeats)
         warm_s = median_seconds(lambda pattern=pattern: compiler.compile_regex(pattern), repeats)
+        lazy_s = median_seconds(lazy_cold, repeats)
         xgr_s = median_seconds(xgrammar_compile, repeats)
         llg_s = median_seconds(llguidance_compile, repeats)
         automaton = compiler.compile_regex(pattern)
@@ -173,7 +181,10 @@ def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, An
         paths = _walks(automaton, walks, seed=2)
         step = _triemask_step(automaton, paths, bitmask, repeats)
         xgr_step = _xgrammar_step(xgr, compiled, paths, xgr_bitmask, repeats)
-        compared, differing = _differences(xgr, automaton, compiled, _walks(automaton, 4 * walks, seed=3))
+        checked = _walks(automaton, 4 * walks, seed=3)
+        compared, differing = _differences(xgr, automaton, compiled, checked)
+        lazy = compiler.compile_regex(pattern, layout="lazy")
+        lazy_compared, lazy_differing = _differences(xgr, lazy, compiled, checked)
         rows.append(
             {
                 "vocabulary": name,
@@ -186,6 +197,9 @@ def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, An
                 "memory_bytes": automaton.memory_bytes,
                 "triemask_cold_s": cold_s,
                 "triemask_warm_s": warm_s,
+                "triemask_lazy_s": lazy_s,
+                "lazy_step_s": _triemask_step(lazy, paths, bitmask, repeats),
+                "lazy_states_differing": lazy_differing,
                 "xgrammar_s": xgr_s,
                 "llguidance_s": llg_s,
                 "triemask_step_s": step,
@@ -197,10 +211,12 @@ def measure_vocabulary(name: str, repeats: int, walks: int) -> list[dict[str, An
             }
         )
         log(
-            f"{name} {fmt}: triemask {cold_s * 1e3:.2f} (warm {warm_s * 1e3:.2f}) ms, xgrammar {xgr_s * 1e3:.2f} ms, "
+            f"{name} {fmt}: triemask {cold_s * 1e3:.2f} (warm {warm_s * 1e3:.2f}, lazy {lazy_s * 1e3:.2f}) ms, "
+            f"xgrammar {xgr_s * 1e3:.2f} ms, "
             f"llguidance {llg_s * 1e3:.2f} ms; step {step * 1e6:.1f} vs {xgr_step * 1e6:.1f} us; "
-            f"{differing}/{compared} differ"
+            f"{differing}/{compared} differ (lazy {lazy_differing})"
         )
+        assert lazy_compared == compared
     return rows
 
 
@@ -251,24 +267,29 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"{results['date']}, {results['machine']}. Compile: median of {results['repeats']} fresh compiles "
         "(xgrammar: cache off, to the first mask; llguidance: to the first mask). triemask *cold* builds the "
-        "pattern's automaton too (first compile of that pattern in a process); *warm* reuses it. Ratios are "
-        "peer / triemask cold. Per step: fill one row + advance, random walks. Diff: states whose mask differs "
-        "from xgrammar's regex mask. *best / tm*: the faster peer over triemask cold (the headline; issue 29 "
-        "asks for 2x). llguidance is lazy (its figure is one mask; triemask and xgrammar build every state's), "
-        "which is what decides the patterns whose language is most of the vocabulary at every position "
-        "(identifier, semver: hundreds of thousands of edges).",
+        "pattern's automaton too (first compile of that pattern in a process) and every state's edges (the "
+        "eager layout); *warm* reuses the pattern's automaton; *lazy* is the cold compile in "
+        '`layout="lazy"` (each state\'s edges found on first use) to the first mask, as the peers are '
+        "measured. Ratios are peer / triemask. Per step: fill one row + advance, random walks (lazy: its cache "
+        "warm after the first walk). Diff: states whose mask differs from xgrammar's regex mask (eager / lazy). "
+        "*best / tm*: the faster peer over triemask cold, eager and lazy (issue 29 asks for 2x). llguidance is "
+        "lazy too (its figure is one mask); xgrammar builds every state's, as the eager layout does.",
         "",
-        "| vocabulary | pattern | edges | triemask cold ms | warm ms | xgrammar ms | llguidance ms | xgr / tm "
-        "| llg / tm | best / tm | step us | set-1000 step us | xgr step us | diff |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| vocabulary | pattern | edges | triemask cold ms | warm ms | lazy ms | xgrammar ms | llguidance ms "
+        "| xgr / tm | llg / tm | best / tm eager | best / tm lazy | step us | lazy step us | set-1000 step us "
+        "| xgr step us | diff |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines.extend(
         f"| {r['vocabulary']} | {r['format']} | {r['edges']:,} | {r['triemask_cold_s'] * 1e3:.2f} "
-        f"| {r['triemask_warm_s'] * 1e3:.2f} | {r['xgrammar_s'] * 1e3:.2f} | {r['llguidance_s'] * 1e3:.2f} "
+        f"| {r['triemask_warm_s'] * 1e3:.2f} | {r['triemask_lazy_s'] * 1e3:.2f} | {r['xgrammar_s'] * 1e3:.2f} "
+        f"| {r['llguidance_s'] * 1e3:.2f} "
         f"| {r['xgrammar_s'] / r['triemask_cold_s']:.1f}x | {r['llguidance_s'] / r['triemask_cold_s']:.1f}x "
         f"| {min(r['xgrammar_s'], r['llguidance_s']) / r['triemask_cold_s']:.2f}x "
-        f"| {r['triemask_step_s'] * 1e6:.1f} | {r['set_1000_step_s'] * 1e6:.1f} | {r['xgrammar_step_s'] * 1e6:.1f} "
-        f"| {r['states_differing']}/{r['states_compared']} |"
+        f"| {min(r['xgrammar_s'], r['llguidance_s']) / r['triemask_lazy_s']:.2f}x "
+        f"| {r['triemask_step_s'] * 1e6:.1f} | {r['lazy_step_s'] * 1e6:.1f} | {r['set_1000_step_s'] * 1e6:.1f} "
+        f"| {r['xgrammar_step_s'] * 1e6:.1f} "
+        f"| {r['states_differing']} / {r['lazy_states_differing']} of {r['states_compared']} |"
         for r in results["rows"]
     )
     lines += [

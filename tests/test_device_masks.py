@@ -184,3 +184,21 @@ def test_host_planned_masks_and_steps_equal_the_automaton() -> None:
     assert stepped.tolist() == [updated.next_state(s, t) for s, t in zip(states, tokens, strict=True)]
     with pytest.raises(StateError):
         on_device.next_states(torch.tensor(states), torch.tensor(tokens[:-1]))
+
+
+def test_a_lazy_pattern_is_masked_through_the_host() -> None:
+    """A pattern in the lazy layout (no edge arrays) is served as the updated sets are: its
+    masks and steps on the device equal the automaton's."""
+    from triemask.integrations.torch import HostPlannedAutomaton, device_automaton
+
+    lazy = real_compiler("qwen2").compile_format("ipv4", layout="lazy")
+    on_device = device_automaton(lazy)
+    assert isinstance(on_device, HostPlannedAutomaton)
+    rng = np.random.default_rng(9)
+    states = _states_along(lazy, rng, 60)
+    mask = on_device.allowed_mask(torch.tensor(states), ended_allow_eos=False).numpy()
+    for row, state in enumerate(states):
+        assert np.flatnonzero(mask[row]).tolist() == lazy.allowed_token_ids(state).tolist()
+    tokens = [int(rng.choice(lazy.allowed_token_ids(s))) if lazy.allowed_token_ids(s).size else 7 for s in states]
+    stepped = on_device.next_states(torch.tensor(states), torch.tensor(tokens))
+    assert stepped.tolist() == [lazy.next_state(s, t) for s, t in zip(states, tokens, strict=True)]

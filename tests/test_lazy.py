@@ -306,8 +306,17 @@ def test_lazy_kernel_rejects_inconsistent_arrays(data: st.DataObject) -> None:
     num_states = base.num_states + data.draw(st.sampled_from([0, 0, 0, -1, 1]))
     width = (vocab.vocab_size + 31) // 32
     try:
+        tables = native.TokenTrieTables(*arrays[5:9], width)
         kernel = native.lazy_kernel(
-            *arrays, num_nodes, num_states, width, 1, data.draw(st.sampled_from([0, 100, 10_000]))
+            *arrays[:5],
+            tables,
+            arrays[9],
+            num_nodes,
+            num_states,
+            width,
+            1,
+            data.draw(st.sampled_from([0, 100, 10_000])),
+            None,
         )
     except ValueError:
         return

@@ -21,7 +21,15 @@ from typing import TYPE_CHECKING
 
 from ._pickles import keep_old_pickles_loadable
 from ._version import __version__
-from .automata import DEAD, DEFAULT_CACHE_BYTES, DagAutomaton, LazyTrieAutomaton, TrieAutomaton, UpdatedTrieAutomaton
+from .automata import (
+    DEAD,
+    DEFAULT_CACHE_BYTES,
+    DagAutomaton,
+    LazyDagAutomaton,
+    LazyTrieAutomaton,
+    TrieAutomaton,
+    UpdatedTrieAutomaton,
+)
 from .base import (
     ArgumentTypeError,
     AutomatonFileError,
@@ -92,6 +100,7 @@ __all__ = [
     "Compiler",
     "DagAutomaton",
     "IncompatibleValueError",
+    "LazyDagAutomaton",
     "LazyTrieAutomaton",
     "Matcher",
     "MemoryLimitError",

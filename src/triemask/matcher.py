@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from .automata import DEAD, DagAutomaton, TrieAutomaton, native_kernel, whole_characters
+from .automata import DEAD, DagLanguage, TrieAutomaton, native_kernel, whole_characters
 from .base import ArgumentTypeError, StateError, integer, kernels
 from .schemas import CompiledSchema, SchemaMatcher
 
@@ -103,7 +103,7 @@ class Matcher(_Core):
         self._automaton = automaton
         self._state = automaton.initial_state
         self._history = deque(maxlen=max_rollback)
-        self._tokens = [] if isinstance(automaton, DagAutomaton) else None
+        self._tokens = [] if isinstance(automaton, DagLanguage) else None
         self._kernel = native_kernel(automaton)  # the C loops, called directly on the per-step path
 
     def __getstate__(self) -> tuple[TrieAutomaton, int, deque[int], list[int] | None]:
@@ -128,7 +128,7 @@ class Matcher(_Core):
         """The value spelled so far if it is complete, else None."""
         if self._tokens is not None:
             automaton = self._automaton
-            assert isinstance(automaton, DagAutomaton)
+            assert isinstance(automaton, DagLanguage)
             return automaton.spell(self._tokens) if automaton.is_accepting(self._state) else None
         return self._automaton.value_of(self._state)
 

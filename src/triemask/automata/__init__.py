@@ -2,9 +2,10 @@
 lookups, fills, stats, files. Imports ``base`` and ``vocab``."""
 
 from .core import DEAD, AutomatonMeta
-from .dag import DagAutomaton
+from .dag import DagAutomaton, DagLanguage
 from .forced import whole_characters
 from .lazy import DEFAULT_CACHE_BYTES, LAZY_BLOCK, LAZY_DEAD, LAZY_TERMINAL, LazyTrieAutomaton
+from .lazy_dag import LazyDagAutomaton
 from .protocol import Automaton
 from .trie import TrieAutomaton, automaton_from_bytes, native_kernel, restore_parts, restore_stored
 from .updated import RewrittenEdges, UpdatedTrieAutomaton
@@ -18,6 +19,8 @@ __all__ = [
     "Automaton",
     "AutomatonMeta",
     "DagAutomaton",
+    "DagLanguage",
+    "LazyDagAutomaton",
     "LazyTrieAutomaton",
     "RewrittenEdges",
     "TrieAutomaton",

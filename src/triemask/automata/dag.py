@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -24,7 +24,156 @@ from .forced import ForcedChains
 from .trie import TrieAutomaton
 
 
-class DagAutomaton(TrieAutomaton):
+class DagLanguage:
+    """What an automaton over a finite language's minimal byte DAG answers from the DAG itself,
+    whatever its layout (:class:`DagAutomaton`, whose edges are all found when it is compiled,
+    and :class:`~triemask.LazyDagAutomaton`, whose edges are found on first use): the pattern,
+    the language's strings (counted and indexed by path counts, not enumerated), the text that
+    tokens spell, forced continuations and the fingerprint."""
+
+    if not TYPE_CHECKING:  # (empty: the automaton's class holds the fields, which mypy reads as declared below)
+        __slots__ = ()
+    _DAG_ARRAYS: ClassVar[tuple[str, ...]] = ("in_offsets", "source", "byte", "dest", "accepting", "level_offsets")
+    _dag: ByteDag
+    _pattern: str | None
+    _counts: list[int] | None
+    _out_edges: list[list[tuple[int, int]]] | None
+    _chains: ForcedChains | None
+    _num_nodes: int
+    _set_fingerprint: str | None
+
+    if TYPE_CHECKING:  # (the automaton's own, from its layout's class)
+
+        def _node(self, state: int) -> int: ...
+        def is_final(self, state: int) -> bool: ...
+        def is_accepting(self, state: int) -> bool: ...
+        def next_state(self, state: int, token_id: int) -> int: ...
+
+    def _token_text(self, token: int) -> bytes:
+        """The bytes of text token ``token`` (one the automaton allows somewhere)."""
+        raise NotImplementedError
+
+    def forced_bytes(self, state: int) -> bytes:
+        """The bytes every string of the language continuing from ``state`` begins with (see
+        :meth:`TrieAutomaton.forced_bytes`): the byte automaton's run of nodes with one edge."""
+        node = self._node(state)
+        if node == self._num_nodes:
+            return b""
+        return self._dag_chains().forced(node)
+
+    def _dag_chains(self) -> ForcedChains:
+        if self._chains is None:  # (idempotent: either thread's arrays may be kept)
+            dag = self._dag
+            self._chains = ForcedChains.of_edges(self._num_nodes, dag.source, dag.byte, dag.dest, dag.accepting)
+        return self._chains
+
+    def _forced_nodes(self) -> int:
+        return self._dag_chains().forced_nodes
+
+    @property
+    def set_fingerprint(self) -> str:
+        """Fingerprint of the language: of its minimal DAG (canonical for the language)."""
+        if self._set_fingerprint is None:
+            digest = hashlib.blake2b(b"dag", digest_size=16)
+            for name in self._DAG_ARRAYS:
+                digest.update(np.ascontiguousarray(getattr(self._dag, name)).tobytes())
+            self._set_fingerprint = digest.hexdigest()
+        return self._set_fingerprint
+
+    @property
+    def pattern(self) -> str | None:
+        """The regular expression this automaton was compiled from (None for a set
+        compiled with ``layout="dag"``)."""
+        return self._pattern
+
+    @property
+    def num_values(self) -> int:
+        """Number of strings in the language (exact; may exceed any fixed-width integer)."""
+        return self._path_counts()[0]
+
+    def _path_counts(self) -> list[int]:
+        if self._counts is None:
+            self._counts = self._dag.path_counts()
+        return self._counts
+
+    def value_of(self, state: int) -> str | bytes | None:
+        """Not available: a node of a DAG does not determine its text. Raises
+        :class:`~triemask.StateError` pointing to :meth:`spell` and ``Matcher.value``."""
+        self._node(state)
+        raise StateError(
+            f"a {type(self).__name__} state does not determine the text (many strings reach one node): "
+            "read it from the tokens with spell(token_ids) or Matcher.value"
+        )
+
+    def spell(self, token_ids: Iterable[int]) -> str | None:
+        """The string ``token_ids`` spell from the initial state when it is complete
+        (a member of the language), else None; an EOS and what follows it are ignored."""
+        if not isinstance(token_ids, Iterable) or isinstance(token_ids, str | bytes):
+            raise ArgumentTypeError(
+                f"token_ids must be an iterable of integers, got {type(token_ids).__name__} {token_ids!r:.40}"
+            )
+        state = 0
+        pieces: list[bytes] = []
+        for token in token_ids:
+            if self.is_final(state):
+                break
+            following = self.next_state(state, token)
+            if following == DEAD:
+                return None
+            if following < self._num_nodes:  # a text token (EOS leads to a final state)
+                pieces.append(self._token_text(int(token)))
+            state = following
+        if not self.is_accepting(state):
+            return None
+        return b"".join(pieces).decode("utf-8")
+
+    def value(self, index: int) -> str:
+        """The ``index``-th string of the language in byte order (computed by walking
+        the automaton with its path counts, not by enumerating)."""
+        if type(index) is not int:
+            index = state_index(index, "value indices")
+        counts = self._path_counts()
+        if not 0 <= index < counts[0]:
+            raise ValueIndexError(f"value index {index} is outside [0, {counts[0]})")
+        if self._out_edges is None:
+            self._out_edges = self._dag.out_edges()
+        out = self._out_edges
+        accepting = set(self._dag.accepting.tolist())
+        node, spelled = 0, bytearray()
+        while True:
+            if node in accepting:
+                if index == 0:
+                    return spelled.decode("utf-8")
+                index -= 1
+            for byte, child in out[node]:
+                if index < counts[child]:
+                    spelled.append(byte)
+                    node = child
+                    break
+                index -= counts[child]
+
+    def values(self) -> list[str | bytes]:
+        """Every string of the language, in byte order (refused above a million)."""
+        if self.num_values > 1_000_000:
+            raise ValueSetError(
+                f"the language of {self._pattern or 'this set'!r:.80} has {self.num_values} strings; "
+                "enumerate a range of value(i) instead"
+            )
+        return [self.value(i) for i in range(self.num_values)]
+
+    def _language_stats(self, base: dict[str, Any]) -> dict[str, Any]:
+        """The layout's stats less a trie's figures, plus the language's."""
+        for key in ("duplicates_collapsed", "value_bytes", "trie_nodes", "prefix_sharing_ratio"):
+            base.pop(key, None)
+        base["values"] = self.num_values
+        base["pattern"] = self._pattern
+        base["dag_nodes"] = self._num_nodes
+        base["dag_edges"] = self._dag.num_edges
+        base["accepting_nodes"] = len(self._dag.accepting)
+        return base
+
+
+class DagAutomaton(DagLanguage, TrieAutomaton):
     """The compiled form of a finite *language* (a regex, a format, a set) for one vocabulary.
 
     Create one with :meth:`triemask.Compiler.compile_regex`,
@@ -68,7 +217,6 @@ class DagAutomaton(TrieAutomaton):
         self._chains: ForcedChains | None = None
 
     _kind: ClassVar[str] = "dag"
-    _DAG_ARRAYS: ClassVar[tuple[str, ...]] = ("in_offsets", "source", "byte", "dest", "accepting", "level_offsets")
 
     def _file_meta(self) -> dict[str, Any]:
         return {**super()._file_meta(), "pattern": self._pattern}
@@ -138,33 +286,6 @@ class DagAutomaton(TrieAutomaton):
             meta=AutomatonMeta.from_file(meta),
         )
 
-    def forced_bytes(self, state: int) -> bytes:
-        """The bytes every string of the language continuing from ``state`` begins with (see
-        :meth:`TrieAutomaton.forced_bytes`): the byte automaton's run of nodes with one edge."""
-        node = self._node(state)
-        if node == self._num_nodes:
-            return b""
-        return self._dag_chains().forced(node)
-
-    def _dag_chains(self) -> ForcedChains:
-        if self._chains is None:  # (idempotent: either thread's arrays may be kept)
-            dag = self._dag
-            self._chains = ForcedChains.of_edges(self._num_nodes, dag.source, dag.byte, dag.dest, dag.accepting)
-        return self._chains
-
-    def _forced_nodes(self) -> int:
-        return self._dag_chains().forced_nodes
-
-    @property
-    def set_fingerprint(self) -> str:
-        """Fingerprint of the language: of its minimal DAG (canonical for the language)."""
-        if self._set_fingerprint is None:
-            digest = hashlib.blake2b(b"dag", digest_size=16)
-            for name in self._DAG_ARRAYS:
-                digest.update(np.ascontiguousarray(getattr(self._dag, name)).tobytes())
-            self._set_fingerprint = digest.hexdigest()
-        return self._set_fingerprint
-
     def _arrays(self) -> list[npt.NDArray[Any]]:
         if not hasattr(self, "_dag"):  # called by the base constructor, before these are set
             return super()._arrays()
@@ -181,88 +302,9 @@ class DagAutomaton(TrieAutomaton):
             dag.accepting,
         ]
 
-    @property
-    def pattern(self) -> str | None:
-        """The regular expression this automaton was compiled from (None for a set
-        compiled with ``layout="dag"``)."""
-        return self._pattern
-
-    @property
-    def num_values(self) -> int:
-        """Number of strings in the language (exact; may exceed any fixed-width integer)."""
-        return self._path_counts()[0]
-
-    def _path_counts(self) -> list[int]:
-        if self._counts is None:
-            self._counts = self._dag.path_counts()
-        return self._counts
-
-    def value_of(self, state: int) -> str | bytes | None:
-        """Not available: a node of a DAG does not determine its text. Raises
-        :class:`~triemask.StateError` pointing to :meth:`spell` and ``Matcher.value``."""
-        self._node(state)
-        raise StateError(
-            "a DagAutomaton state does not determine the text (many strings reach one node): "
-            "read it from the tokens with spell(token_ids) or Matcher.value"
-        )
-
-    def spell(self, token_ids: Iterable[int]) -> str | None:
-        """The string ``token_ids`` spell from the initial state when it is complete
-        (a member of the language), else None; an EOS and what follows it are ignored."""
-        if not isinstance(token_ids, Iterable) or isinstance(token_ids, str | bytes):
-            raise ArgumentTypeError(
-                f"token_ids must be an iterable of integers, got {type(token_ids).__name__} {token_ids!r:.40}"
-            )
-        state = 0
-        pieces: list[bytes] = []
-        ids = self._spell_ids
-        for token in token_ids:
-            if self.is_final(state):
-                break
-            following = self.next_state(state, token)
-            if following == DEAD:
-                return None
-            if following < self._num_nodes:  # a text token (EOS leads to a final state)
-                i = int(np.searchsorted(ids, token))
-                pieces.append(self._spell_flat[self._spell_offsets[i] : self._spell_offsets[i + 1]].tobytes())
-            state = following
-        if not self.is_accepting(state):
-            return None
-        return b"".join(pieces).decode("utf-8")
-
-    def value(self, index: int) -> str:
-        """The ``index``-th string of the language in byte order (computed by walking
-        the automaton with its path counts, not by enumerating)."""
-        if type(index) is not int:
-            index = state_index(index, "value indices")
-        counts = self._path_counts()
-        if not 0 <= index < counts[0]:
-            raise ValueIndexError(f"value index {index} is outside [0, {counts[0]})")
-        if self._out_edges is None:
-            self._out_edges = self._dag.out_edges()
-        out = self._out_edges
-        accepting = set(self._dag.accepting.tolist())
-        node, spelled = 0, bytearray()
-        while True:
-            if node in accepting:
-                if index == 0:
-                    return spelled.decode("utf-8")
-                index -= 1
-            for byte, child in out[node]:
-                if index < counts[child]:
-                    spelled.append(byte)
-                    node = child
-                    break
-                index -= counts[child]
-
-    def values(self) -> list[str | bytes]:
-        """Every string of the language, in byte order (refused above a million)."""
-        if self.num_values > 1_000_000:
-            raise ValueSetError(
-                f"the language of {self._pattern or 'this set'!r:.80} has {self.num_values} strings; "
-                "enumerate a range of value(i) instead"
-            )
-        return [self.value(i) for i in range(self.num_values)]
+    def _token_text(self, token: int) -> bytes:
+        i = int(np.searchsorted(self._spell_ids, token))
+        return self._spell_flat[self._spell_offsets[i] : self._spell_offsets[i + 1]].tobytes()
 
     def is_accepting(self, state: int) -> bool:
         """Whether the tokens so far spell a complete string of the language (true in
@@ -276,15 +318,7 @@ class DagAutomaton(TrieAutomaton):
     def stats(self) -> dict[str, Any]:
         """Structure of the automaton: nodes, edges and allowed tokens by level (the
         longest distance from the start, in bytes)."""
-        base = super().stats()
-        for key in ("duplicates_collapsed", "value_bytes", "trie_nodes", "prefix_sharing_ratio"):
-            del base[key]
-        base["values"] = self.num_values
-        base["pattern"] = self._pattern
-        base["dag_nodes"] = self._num_nodes
-        base["dag_edges"] = self._dag.num_edges
-        base["accepting_nodes"] = len(self._terminal_nodes)
-        return base
+        return self._language_stats(super().stats())
 
     def __repr__(self) -> str:
         return (

@@ -104,12 +104,12 @@ class LazyTrieAutomaton(TrieAutomaton):
         value_nodes: npt.NDArray[np.int32],
         token_trie: TokenTrie,
         cache_bytes: int,
-        set_fingerprint: str,
+        set_fingerprint: str | None,
         level_offsets: npt.NDArray[np.int64],
         meta: AutomatonMeta,
         compiler: Any = None,
     ) -> None:
-        self._num_nodes = len(node_byte)
+        self._num_nodes = len(node_word)
         self._num_values = len(value_nodes)
         self._node_byte = node_byte
         self._node_word = node_word
@@ -139,16 +139,14 @@ class LazyTrieAutomaton(TrieAutomaton):
                 child_blocks,
                 terminal_blocks,
                 terminal_values,
-                token_trie.children,
-                token_trie.node_byte,
-                token_trie.token_offsets,
-                token_trie.token_ids,
+                token_trie.native_tables(self._width),
                 np.asarray(self.eos_token_ids, dtype=np.int32),
                 self._num_nodes,
                 self._num_nodes + self._num_values,
                 self._width,
                 dense_threshold(self._width),
                 cache_bytes,
+                self._native_slots(),
             )
 
     _kind: ClassVar[str] = "lazy"
@@ -336,7 +334,7 @@ class LazyTrieAutomaton(TrieAutomaton):
             keys = (tokens_at[owner] << 8) | self._node_byte[child]
             at = np.minimum(np.searchsorted(keys_sorted, keys), len(keys_sorted) - 1)
             hit = keys_sorted[at] == keys if len(keys_sorted) else np.zeros(len(keys), dtype=bool)
-            values, tokens_at = child[hit], at[hit] + 1
+            values, tokens_at = self._slot_nodes(child[hit]), at[hit] + 1
             live = (self._node_word[values] & LAZY_DEAD) == 0
             lo = trie.token_offsets[tokens_at[live]].astype(np.int64)
             per = trie.token_offsets[tokens_at[live] + 1] - lo
@@ -377,9 +375,18 @@ class LazyTrieAutomaton(TrieAutomaton):
         node = self._node(state)
         forced = bytearray()
         while node < self._num_nodes and self._node_word[node] & (LAZY_TERMINAL | LAZY_COUNT) == 1:
-            node = int(self._first_children(np.array([node], dtype=np.int64))[0])
-            forced.append(int(self._node_byte[node]))
+            slot = int(self._first_children(np.array([node], dtype=np.int64))[0])
+            forced.append(int(self._node_byte[slot]))
+            node = int(self._slot_nodes(slot))
         return bytes(forced)
+
+    def _slot_nodes(self, slots: Any) -> Any:
+        """The nodes the out-edges ``slots`` lead to: in a trie, a child's slot is the child."""
+        return slots
+
+    def _native_slots(self) -> npt.NDArray[np.int32] | None:
+        """The kernel's ``slot_dest`` (None: a trie, see :func:`_native.lazy_kernel`)."""
+        return None
 
     def _prefix(self, node: int) -> bytes:
         spelled = bytearray()

@@ -145,7 +145,8 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&TablesType) < 0 || PyType_Ready(&MatcherCoreType) < 0 ||
         PyType_Ready(&AutomatonCoreType) < 0 || PyType_Ready(&SchemaCoreType) < 0 ||
-        PyType_Ready(&StepTablesType) < 0 || PyType_Ready(&LexTablesType) < 0) {
+        PyType_Ready(&StepTablesType) < 0 || PyType_Ready(&LexTablesType) < 0 ||
+        PyType_Ready(&TokenTrieTablesType) < 0) {
         return NULL;
     }
     str_next_reference = PyUnicode_InternFromString("_next_state_reference");
@@ -219,11 +220,15 @@ PyMODINIT_FUNC PyInit__native(void) {
             return NULL;
         }
     }
-    Py_INCREF(&TablesType);
-    if (PyModule_AddObject(module, "Tables", (PyObject *)&TablesType) < 0) {
-        Py_DECREF(&TablesType);
-        Py_DECREF(module);
-        return NULL;
+    PyTypeObject *table_types[] = {&TablesType, &TokenTrieTablesType};
+    const char *table_names[] = {"Tables", "TokenTrieTables"};
+    for (int i = 0; i < 2; i++) {
+        Py_INCREF(table_types[i]);
+        if (PyModule_AddObject(module, table_names[i], (PyObject *)table_types[i]) < 0) {
+            Py_DECREF(table_types[i]);
+            Py_DECREF(module);
+            return NULL;
+        }
     }
     return module;
 }

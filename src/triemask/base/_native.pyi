@@ -82,22 +82,24 @@ def build_trie(
     flat: Any, starts: Any, want_inverse: bool, /
 ) -> tuple[bytearray, bytearray, bytearray, bytearray, bytearray, bytearray, bytearray | None]: ...
 def build_hash(keys: Any, values: Any, bits: int, /) -> bytearray: ...
+
+class TokenTrieTables:
+    def __init__(self, children: Any, node_byte: Any, token_offsets: Any, token_ids: Any, width: int, /) -> None: ...
+
 def lazy_kernel(
     node_byte: Any,
     node_word: Any,
     child_blocks: Any,
     terminal_blocks: Any,
     terminal_values: Any,
-    tok_children: Any,
-    tok_byte: Any,
-    tok_offsets: Any,
-    tok_ids: Any,
+    token_trie: TokenTrieTables,
     eos_ids: Any,
     num_nodes: int,
     num_states: int,
     width: int,
     dense_min: int,
     cache_bytes: int,
+    slot_dest: Any,
     /,
 ) -> Kernel: ...
 def checksum(data: Any, /) -> int: ...

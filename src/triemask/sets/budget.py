@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..automata import DEFAULT_CACHE_BYTES
 from ..base import MemoryLimitError, ValueSetError, integer
 
 
@@ -13,6 +14,20 @@ def checked_budget(max_bytes: int | None) -> int | None:
     if max_bytes <= 0:
         raise ValueSetError(f"max_bytes must be a positive integer, got {max_bytes}")
     return max_bytes
+
+
+def checked_cache_bytes(cache_bytes: int | None, layout: str) -> int:
+    """The lazy layout's cache bound: ``cache_bytes`` checked (a non-negative integer, and
+    given with ``layout="lazy"`` only: ``ValueSetError`` otherwise), by default
+    :data:`~triemask.DEFAULT_CACHE_BYTES`."""
+    if cache_bytes is None:
+        return DEFAULT_CACHE_BYTES
+    if layout != "lazy":
+        raise ValueSetError(f"cache_bytes applies to layout='lazy' only, not layout={layout!r:.40}")
+    cache_bytes = integer(cache_bytes, "cache_bytes", ValueSetError, "a non-negative integer")
+    if cache_bytes < 0:
+        raise ValueSetError(f"cache_bytes must be a non-negative integer, got {cache_bytes}")
+    return cache_bytes
 
 
 class EdgeBudget:

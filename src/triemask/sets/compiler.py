@@ -22,14 +22,20 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..automata import DEFAULT_CACHE_BYTES, AutomatonMeta, DagAutomaton, LazyTrieAutomaton, TrieAutomaton
+from ..automata import (
+    AutomatonMeta,
+    DagAutomaton,
+    LazyDagAutomaton,
+    LazyTrieAutomaton,
+    TrieAutomaton,
+)
 from ..base import (
     ArgumentTypeError,
     ByteDag,
@@ -39,13 +45,12 @@ from ..base import (
     cache_directory,
     dag_of_trie,
     encode_values,
-    integer,
     kernels,
     set_fingerprint,
 )
 from ..vocab import TokenIndex, Vocabulary
-from .budget import EdgeBudget, checked_budget, over_budget
-from .lazy import lazy_arrays
+from .budget import EdgeBudget, checked_budget, checked_cache_bytes, over_budget
+from .lazy import lazy_arrays, lazy_dag_arrays
 from .matching import (
     EdgeKeys,
     eos_edges,
@@ -157,16 +162,10 @@ class SetCompiler:
             The automaton would take more than ``max_bytes``.
         """
         max_bytes = checked_budget(max_bytes)
-        if cache_bytes is not None:
-            if layout != "lazy":
-                raise ValueSetError(f"cache_bytes applies to layout='lazy' only, not layout={layout!r:.40}")
-            cache_bytes = integer(cache_bytes, "cache_bytes", ValueSetError, "a non-negative integer")
-            if cache_bytes < 0:
-                raise ValueSetError(f"cache_bytes must be a non-negative integer, got {cache_bytes}")
+        limit = checked_cache_bytes(cache_bytes, layout)
         if layout == "dag":
             automaton: TrieAutomaton = self._compile_set_dag(values, eos=eos)
         elif layout == "lazy":
-            limit = DEFAULT_CACHE_BYTES if cache_bytes is None else cache_bytes
             lazy = self._compile_lazy(values, eos=eos, cache_bytes=limit, max_bytes=max_bytes)
             if max_bytes is not None and lazy.memory_bytes + limit > max_bytes:
                 raise over_budget(max_bytes, lazy.memory_bytes + limit, "the trie and the cache bound")
@@ -179,7 +178,15 @@ class SetCompiler:
             raise over_budget(max_bytes, automaton.memory_bytes, "the automaton")
         return automaton
 
-    def compile_regex(self, pattern: str, *, eos: bool = True, max_bytes: int | None = None) -> DagAutomaton:
+    def compile_regex(
+        self,
+        pattern: str,
+        *,
+        eos: bool = True,
+        max_bytes: int | None = None,
+        layout: str = "dag",
+        cache_bytes: int | None = None,
+    ) -> DagAutomaton | LazyDagAutomaton:
         """Compile a regular expression whose language is finite.
 
         The pattern is anchored (the whole output matches it) and may use literals,
@@ -199,7 +206,17 @@ class SetCompiler:
             Refuse, before the large allocations, an automaton that would take more memory
             (a few characters can ask for gigabytes: ``.{0,1000}`` allows nearly every token at
             each of its thousands of nodes); checked while the vocabulary is matched, so the
-            work done is bounded by it too.
+            work done is bounded by it too. With ``layout="lazy"``: the DAG and the cache bound.
+        layout : {"dag", "lazy"}
+            ``"dag"`` (default): every state's edges found now (:class:`DagAutomaton`: can be
+            saved, uploaded to a device). ``"lazy"``: the same states and masks, each state's
+            edges found on first use and cached (:class:`LazyDagAutomaton`): compiling costs
+            the automaton alone, so a language that allows much of the vocabulary at many
+            positions (semver, IPv6, identifiers) has its first mask far sooner.
+        cache_bytes : int, optional
+            ``layout="lazy"`` only: the bound of the edge cache in bytes (default
+            :data:`DEFAULT_CACHE_BYTES`, 8 MiB); a language allowing tens of thousands of
+            tokens at many positions needs more to keep every state's edges.
 
         Raises
         ------
@@ -217,12 +234,17 @@ class SetCompiler:
         """
         if not isinstance(pattern, str):
             raise ArgumentTypeError(f"pattern must be a str, got {type(pattern).__name__} {pattern!r:.40}")
-        return self._compile_dag(dag_of_pattern(pattern), pattern, eos=eos, max_bytes=checked_budget(max_bytes))[0]
+        build = self._pattern_layout(layout)
+        max_bytes, limit = checked_budget(max_bytes), checked_cache_bytes(cache_bytes, layout)
+        return build(dag_of_pattern(pattern), pattern, eos=eos, max_bytes=max_bytes, cache_bytes=limit)
 
-    def compile_format(self, name: str, *, eos: bool = True) -> DagAutomaton:
+    def compile_format(
+        self, name: str, *, eos: bool = True, layout: str = "dag", cache_bytes: int | None = None
+    ) -> DagAutomaton | LazyDagAutomaton:
         """Compile one of the built-in finite formats: ``date`` (``YYYY-MM-DD``),
         ``time`` and ``date-time`` (RFC 3339, at most 9 fraction digits), ``uuid``,
-        ``ipv4``, ``ipv6``. The patterns are in ``triemask.FORMATS``.
+        ``ipv4``, ``ipv6``. The patterns are in ``triemask.FORMATS``; ``layout`` and
+        ``cache_bytes`` as in :meth:`compile_regex`.
 
         Raises
         ------
@@ -232,7 +254,19 @@ class SetCompiler:
         pattern = FORMATS.get(name) if isinstance(name, str) else None
         if pattern is None:
             raise ValueSetError(f"unknown format {name!r:.60}: the built-in formats are {', '.join(FORMATS)}")
-        return self._compile_dag(dag_of_pattern(pattern), pattern, eos=eos)[0]
+        build = self._pattern_layout(layout)
+        limit = checked_cache_bytes(cache_bytes, layout)
+        return build(dag_of_pattern(pattern), pattern, eos=eos, max_bytes=None, cache_bytes=limit)
+
+    def _pattern_layout(self, layout: str) -> Callable[..., DagAutomaton | LazyDagAutomaton]:
+        """The compile of a pattern's DAG in ``layout`` (checked before the DAG is built)."""
+        builders: dict[str, Callable[..., DagAutomaton | LazyDagAutomaton]] = {
+            "dag": lambda dag, pattern, cache_bytes, **options: self._compile_dag(dag, pattern, **options)[0],
+            "lazy": self._compile_lazy_dag,
+        }
+        if not isinstance(layout, str) or layout not in builders:
+            raise ValueSetError(f"a pattern's layout must be 'dag' or 'lazy', got {layout!r:.40}")
+        return builders[layout]
 
     # ------------------------------------------------------------------ for mixed schemas
 
@@ -381,6 +415,41 @@ class SetCompiler:
             set_fingerprint=set_fingerprint(trie.flat, trie.starts, are_str),
             level_offsets=trie.level_offsets,
             meta=self._meta(eos, values_are_str=are_str, input_values=len(items), started=started),
+            compiler=self,
+        )
+
+    def _compile_lazy_dag(
+        self, dag: ByteDag, pattern: str | None, *, eos: bool, max_bytes: int | None, cache_bytes: int
+    ) -> LazyDagAutomaton:
+        started = time.perf_counter()
+        self._check_eos(eos)
+        n, accepting = dag.num_nodes, dag.accepting
+        needed = 3 * n + 6 * dag.num_edges + 4 * len(accepting) + cache_bytes  # the arrays, the cache bound
+        if max_bytes is not None and needed > max_bytes:
+            raise over_budget(max_bytes, needed, f"the automaton ({n:,} nodes) and the cache bound")
+        if n + len(accepting) >= 1 << 31:
+            raise ValueSetError(f"{n + len(accepting)} states exceed triemask's 32-bit state ids")
+        live = None
+        if not self._every_byte_is_a_token(dag.byte):
+            # as for a lazy set (_compile_lazy): the nodes a token sequence can complete a string
+            # from need every edge once, so the eager automaton is built here (it raises
+            # IncompatibleValueError where no string can be spelled) and then dropped
+            eager = self._compile_dag(dag, pattern, eos=eos, max_bytes=max_bytes)[0]
+            rows, _ = eager.allowed_token_pairs(np.arange(n))
+            live = np.bincount(rows, minlength=n) > 0
+            live[accepting] = True
+        arrays = lazy_dag_arrays(dag, live)
+        return LazyDagAutomaton(
+            dag=dag,
+            pattern=pattern,
+            slot_dest=arrays.pop("slot_dest"),
+            token_bytes=self._vocab.byte_table(),
+            **arrays,
+            token_trie=self._index.token_trie(),
+            cache_bytes=cache_bytes,
+            set_fingerprint=None,
+            level_offsets=dag.level_offsets,
+            meta=self._meta(eos, values_are_str=True, input_values=len(accepting), started=started),
             compiler=self,
         )
 

@@ -32,6 +32,7 @@ import numpy.typing as npt
 from ..automata import (
     DEAD,
     DagAutomaton,
+    DagLanguage,
     LazyTrieAutomaton,
     RewrittenEdges,
     TrieAutomaton,
@@ -83,7 +84,7 @@ def updated(
         base, kept_added, prior_removed = automaton.parts()
     else:
         base, kept_added, prior_removed = automaton, frozenset(), frozenset()
-    if isinstance(base, DagAutomaton) and base.pattern is not None:
+    if isinstance(base, DagLanguage) and base.pattern is not None:
         raise ArgumentTypeError("with_values updates sets of values, not the language of a pattern")
     are_str = base.values_are_str
     adding, removing = set(_as_values(added, are_str, "added")), set(_as_values(removed, are_str, "removed"))

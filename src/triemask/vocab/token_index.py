@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -59,10 +59,23 @@ class TokenTrie:
     node_byte: npt.NDArray[np.uint8]
     token_offsets: npt.NDArray[np.int32]
     token_ids: npt.NDArray[np.int32]
+    # the C extension's TokenTrieTables by row width, made (and checked) once
+    native: dict[int, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def memory_bytes(self) -> int:
         return sum(a.nbytes for a in (self.children, self.node_byte, self.token_offsets, self.token_ids))
+
+    def native_tables(self, width: int) -> Any:
+        """The arrays as the C extension's ``TokenTrieTables`` for rows of ``width`` words
+        (checked once, then shared by every lazy kernel); only called when it is in use."""
+        found = self.native.get(width)
+        if found is None:  # (idempotent: either thread's tables may be kept)
+            native = kernels.KERNELS
+            assert native is not None
+            arrays = (self.children, self.node_byte, self.token_offsets, self.token_ids)
+            found = self.native.setdefault(width, native.TokenTrieTables(*arrays, width))
+        return found
 
 
 def token_trie_of(vocab: Vocabulary) -> TokenTrie:

@@ -21,8 +21,19 @@ typedef struct Entry {
 } Entry;
 
 typedef struct {
-    Py_buffer views[9];
+    Py_buffer views[6]; /* node_byte, node_word, child_blocks, terminal_blocks, terminal_values, slot_dest */
     int held;
+    PyObject *token_trie; /* TokenTrieTables (owned): the tok_* arrays below are its */
+    /* A trie's node v has children first(v) .. first(v) + count - 1, node_byte[child] the byte
+     * into each. A DAG (a pattern's automaton) numbers its out-edges instead, "slots" in the
+     * same places, node_byte by slot; slot_dest[slot] the node an edge leads to (NULL: a trie,
+     * where the slot is the child) */
+    const int32_t *slot_dest;
+    /* a DAG's out-bytes per node as four 64-bit words, and the slot of the first byte of each
+     * word: a child found with a bit test and a popcount (made by lazy_kernel; NULL for a trie,
+     * whose children are merged with the token trie's) */
+    uint64_t *dag_bits;
+    int32_t *dag_rank;
     const uint8_t *node_byte;
     const uint16_t *node_word;
     const int32_t *child_blocks, *terminal_blocks, *terminal_values;
@@ -107,6 +118,9 @@ static void lazy_free(Lazy *z) {
     free(z->buckets);
     free(z->keys);
     free(z->stack);
+    Py_XDECREF(z->token_trie);
+    PyMem_Free(z->dag_bits);
+    PyMem_Free(z->dag_rank);
     for (int i = 0; i < z->held; i++) {
         PyBuffer_Release(&z->views[i]);
     }
@@ -304,6 +318,53 @@ static void sort_keys(uint64_t *a, int64_t n) {
         }
         a[j + 1] = key;
     }
+}
+
+/* Keys (token << 32 | dest) whose tokens are distinct (one edge per token at a node), sorted:
+ * by the token's bits, 11 at a time from the lowest (each pass a stable counting sort), where
+ * there are enough of them for that to beat sort_keys (a node allowing a large part of the
+ * vocabulary: tens of thousands of edges, 5-10x faster); sort_keys otherwise, or when the
+ * scratch array cannot be had. */
+/* The set bits of `word`, inline (the builtin is a library call where the build does not
+ * assume the CPU's instruction). */
+static inline int popcount64(uint64_t word) {
+    word = word - ((word >> 1) & 0x5555555555555555ULL);
+    word = (word & 0x3333333333333333ULL) + ((word >> 2) & 0x3333333333333333ULL);
+    word = (word + (word >> 4)) & 0x0F0F0F0F0F0F0F0FULL;
+    return (int)((word * 0x0101010101010101ULL) >> 56);
+}
+
+enum { TOKEN_RADIX_MIN = 2048, TOKEN_RADIX_BITS = 11 };
+
+static void sort_token_keys(uint64_t *keys, int64_t n) {
+    uint64_t *scratch = n >= TOKEN_RADIX_MIN ? (uint64_t *)malloc((size_t)n * sizeof(uint64_t)) : NULL;
+    if (scratch == NULL) {
+        sort_keys(keys, n);
+        return;
+    }
+    uint64_t highest = 0;
+    for (int64_t i = 0; i < n; i++) {
+        highest |= keys[i] >> 32;
+    }
+    uint64_t *from = keys, *to = scratch;
+    for (int shift = 32; shift < 64 && (highest >> (shift - 32)) != 0; shift += TOKEN_RADIX_BITS) {
+        int64_t counts[(1 << TOKEN_RADIX_BITS) + 1] = {0};
+        for (int64_t i = 0; i < n; i++) {
+            counts[((from[i] >> shift) & ((1 << TOKEN_RADIX_BITS) - 1)) + 1]++;
+        }
+        for (int d = 0; d < (1 << TOKEN_RADIX_BITS); d++) {
+            counts[d + 1] += counts[d];
+        }
+        for (int64_t i = 0; i < n; i++) {
+            to[counts[(from[i] >> shift) & ((1 << TOKEN_RADIX_BITS) - 1)]++] = from[i];
+        }
+        uint64_t *swap = from;
+        from = to, to = swap;
+    }
+    if (from != keys) {
+        memcpy(keys, from, (size_t)n * sizeof(uint64_t));
+    }
+    free(scratch);
 }
 
 /* A new bytearray of `size` bytes (none when size <= 0) and its data, or NULL with an error set. */

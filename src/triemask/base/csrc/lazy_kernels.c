@@ -1,22 +1,102 @@
 /* ------------------------------------------------------------------ lazy kernels */
 
+/* TokenTrieTables(children i32, node_byte u8, token_offsets i32, token_ids i32, width): a
+ * vocabulary's forward token trie (vocab.token_index.TokenTrie), checked once (children after
+ * their parent and in range, offsets ascending, ids inside a row of `width` words) and held for
+ * every lazy kernel of that vocabulary, which would otherwise check it again each (a millisecond
+ * for a 150K vocabulary: the whole compile of a pattern in the lazy layout). */
+typedef struct {
+    PyObject_HEAD
+    Py_buffer views[4];
+    int held;
+    int ready;
+    Py_ssize_t width;
+} TokenTrieTables;
+
+static void TokenTrieTables_dealloc(TokenTrieTables *self) {
+    for (int i = 0; i < self->held; i++) {
+        PyBuffer_Release(&self->views[i]);
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject *kwds) {
+    PyObject *objs[4];
+    Py_ssize_t width;
+    if (self->held) {
+        PyErr_SetString(PyExc_ValueError, "TokenTrieTables: already initialised");
+        return -1;
+    }
+    if (!PyArg_ParseTuple(args, "OOOOn", &objs[0], &objs[1], &objs[2], &objs[3], &width)) {
+        return -1;
+    }
+    static const Py_ssize_t sizes[4] = {4, 1, 4, 4};
+    static const char *names[4] = {"children", "node_byte", "token_offsets", "token_ids"};
+    for (int i = 0; i < 4; i++) {
+        if (get_array(objs[i], &self->views[i], sizes[i], names[i]) < 0) {
+            return -1;
+        }
+        self->held = i + 1;
+    }
+    const int32_t *children = (const int32_t *)self->views[0].buf, *offsets = (const int32_t *)self->views[2].buf;
+    const int32_t *ids = (const int32_t *)self->views[3].buf;
+    Py_ssize_t nt = self->views[1].shape[0], n_ids = self->views[3].shape[0];
+    uint64_t limit = 32 * (uint64_t)width; /* a token's bit lies in the row */
+    int bad = width < 1 || width > ((int64_t)1 << 26) || nt < 1 || self->views[0].shape[0] != nt + 1 ||
+              self->views[2].shape[0] != nt + 1;
+    bad |= bad || offsets[0] != 0 || offsets[nt] != n_ids || children[0] < 1;
+    for (Py_ssize_t u = 0; !bad && u < nt; u++) {
+        int32_t lo = children[u], hi = children[u + 1];
+        bad |= hi < lo || hi > nt || (hi > lo && lo <= u) || offsets[u + 1] < offsets[u];
+    }
+    for (Py_ssize_t i = 0; !bad && i < n_ids; i++) {
+        bad |= (uint64_t)(uint32_t)ids[i] >= limit;
+    }
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "token trie arrays out of range or inconsistent");
+        return -1;
+    }
+    self->width = width;
+    self->ready = 1;
+    return 0;
+}
+
+static PyTypeObject TokenTrieTablesType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "triemask.base._native.TokenTrieTables",
+    .tp_basicsize = sizeof(TokenTrieTables),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A vocabulary's forward token trie, checked once, for the lazy kernels.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)TokenTrieTables_init,
+    .tp_dealloc = (destructor)TokenTrieTables_dealloc,
+};
+
 /* lazy_kernel(node_byte u8, node_word u16, child_blocks i32, terminal_blocks i32,
- *             terminal_values i32, tok_children i32, tok_byte u8, tok_offsets i32, tok_ids i32,
- *             eos_ids i32, num_nodes, num_states, width, dense_min, cache_bytes) -> Kernel
- * Every array is checked here (counts against the samples, children after their parent,
- * ids in range), so that no lookup can leave them whatever they hold. */
+ *             terminal_values i32, token_trie TokenTrieTables, eos_ids i32, num_nodes,
+ *             num_states, width, dense_min, cache_bytes, slot_dest) -> Kernel
+ * slot_dest: None for a trie, else a DAG's i32 destination by slot (see Lazy). Every array is
+ * checked here (counts against the samples, a trie's children after their parent, a DAG's
+ * slots in range, ids in range; the token trie when its TokenTrieTables was made), so that no
+ * lookup can leave them whatever they hold. */
 static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
-    PyObject *objs[10];
+    PyObject *objs[7], *token_trie;
     long long num_nodes, num_states, dense_min, cache_bytes;
     Py_ssize_t width;
-    if (!PyArg_ParseTuple(args, "OOOOOOOOOOLLnLL", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4], &objs[5],
-                          &objs[6], &objs[7], &objs[8], &objs[9], &num_nodes, &num_states, &width, &dense_min,
-                          &cache_bytes)) {
+    if (!PyArg_ParseTuple(args, "OOOOOO!OLLnLLO", &objs[0], &objs[1], &objs[2], &objs[3], &objs[4],
+                          &TokenTrieTablesType, &token_trie, &objs[5], &num_nodes, &num_states, &width, &dense_min,
+                          &cache_bytes, &objs[6])) {
         return NULL;
     }
-    static const Py_ssize_t sizes[10] = {1, 2, 4, 4, 4, 4, 1, 4, 4, 4};
-    static const char *names[10] = {"node_byte",    "node_word", "child_blocks", "terminal_blocks", "terminal_values",
-                                    "tok_children", "tok_byte",  "tok_offsets",  "tok_ids",         "eos_ids"};
+    const TokenTrieTables *tt = (const TokenTrieTables *)token_trie;
+    if (!tt->ready || tt->width != width) {
+        PyErr_SetString(PyExc_ValueError, "lazy_kernel: a token trie checked for another row width, or none");
+        return NULL;
+    }
+    static const Py_ssize_t sizes[6] = {1, 2, 4, 4, 4, 4};
+    static const char *names[6] = {"node_byte", "node_word", "child_blocks", "terminal_blocks", "terminal_values",
+                                   "eos_ids"};
+    int dag = objs[6] != Py_None;
     Kernel *self = (Kernel *)KernelType.tp_alloc(&KernelType, 0);
     if (self == NULL) {
         return NULL;
@@ -27,13 +107,15 @@ static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
         return PyErr_NoMemory();
     }
     self->lazy = z;
+    Py_INCREF(token_trie);
+    z->token_trie = token_trie;
     Py_buffer eos;
-    for (int i = 0; i < 10; i++) {
-        if (get_array(objs[i], i < 9 ? &z->views[i] : &eos, sizes[i], names[i]) < 0) {
+    for (int i = 0; i < 6; i++) {
+        if (get_array(objs[i], i < 5 ? &z->views[i] : &eos, sizes[i], names[i]) < 0) {
             Py_DECREF(self);
             return NULL;
         }
-        if (i < 9) {
+        if (i < 5) {
             z->held = i + 1;
         }
     }
@@ -42,40 +124,65 @@ static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
     z->child_blocks = (const int32_t *)z->views[2].buf;
     z->terminal_blocks = (const int32_t *)z->views[3].buf;
     z->terminal_values = (const int32_t *)z->views[4].buf;
-    z->tok_children = (const int32_t *)z->views[5].buf;
-    z->tok_byte = (const uint8_t *)z->views[6].buf;
-    z->tok_offsets = (const int32_t *)z->views[7].buf;
-    z->tok_ids = (const int32_t *)z->views[8].buf;
-    Py_ssize_t n = z->views[0].shape[0], blocks = (n + 63) / 64, nt = z->views[6].shape[0];
-    Py_ssize_t values = z->views[4].shape[0], n_ids = z->views[8].shape[0];
+    z->tok_children = (const int32_t *)tt->views[0].buf;
+    z->tok_byte = (const uint8_t *)tt->views[1].buf;
+    z->tok_offsets = (const int32_t *)tt->views[2].buf;
+    z->tok_ids = (const int32_t *)tt->views[3].buf;
+    if (dag) {
+        if (get_array(objs[6], &z->views[5], 4, "slot_dest") < 0) {
+            PyBuffer_Release(&eos);
+            Py_DECREF(self);
+            return NULL;
+        }
+        z->held = 6;
+        z->slot_dest = (const int32_t *)z->views[5].buf;
+    }
+    /* n nodes; slots: a trie's are its nodes, a DAG's as many as node_byte holds */
+    Py_ssize_t n = z->views[1].shape[0], slots = z->views[0].shape[0], blocks = (n + 63) / 64;
+    Py_ssize_t values = z->views[4].shape[0];
     uint64_t limit = 32 * (uint64_t)width; /* a token's bit lies in the row */
-    int bad = n < 1 || n != num_nodes || width < 1 || width > ((int64_t)1 << 26) || dense_min < 1 ||
-              cache_bytes < 0 || num_states != num_nodes + values || n >= INT32_MAX - values ||
-              z->views[1].shape[0] != n || z->views[2].shape[0] != blocks + 1 ||
-              z->views[3].shape[0] != blocks + 1 || nt < 1 || z->views[5].shape[0] != nt + 1 ||
-              z->views[7].shape[0] != nt + 1;
+    int bad = n < 1 || n != num_nodes || dense_min < 1 || cache_bytes < 0 || num_states != num_nodes + values ||
+              n >= INT32_MAX - values ||
+              (dag ? slots < 1 || z->views[5].shape[0] != slots || slots >= INT32_MAX : slots != n) ||
+              z->views[2].shape[0] != blocks + 1 || z->views[3].shape[0] != blocks + 1;
     int64_t first = 1, terminals = 0;
     for (Py_ssize_t a = 0; !bad && a < n; a++) {
         if (a % 64 == 0) {
             bad |= z->child_blocks[a / 64] != first || z->terminal_blocks[a / 64] != terminals;
         }
         int64_t count = z->node_word[a] & LAZY_COUNT;
-        bad |= count > 256 || (count > 0 && (first <= a || first + count > n));
+        bad |= count > 256 || (count > 0 && ((!dag && first <= a) || first + count > slots));
         first += count;
         terminals += (z->node_word[a] & LAZY_TERMINAL) != 0;
     }
-    bad |= bad || first != n || z->child_blocks[blocks] != n || terminals != values ||
+    bad |= bad || first != slots || z->child_blocks[blocks] != slots || terminals != values ||
            z->terminal_blocks[blocks] != values;
+    for (Py_ssize_t slot = 1; !bad && dag && slot < slots; slot++) {
+        bad |= z->slot_dest[slot] < 1 || z->slot_dest[slot] >= n;
+    }
+    if (!bad && dag) { /* each node's out-bytes as bits, their slots by rank (see Lazy) */
+        z->dag_bits = (uint64_t *)PyMem_Calloc((size_t)n * 4, sizeof(uint64_t));
+        z->dag_rank = (int32_t *)PyMem_Malloc((size_t)n * 4 * sizeof(int32_t));
+        if (z->dag_bits == NULL || z->dag_rank == NULL) {
+            Py_DECREF(self);
+            return PyErr_NoMemory();
+        }
+        int32_t slot = 1;
+        for (Py_ssize_t a = 0; !bad && a < n; a++) {
+            int32_t count = z->node_word[a] & LAZY_COUNT, end = slot + count;
+            for (int32_t at = slot; !bad && at < end; at++) { /* ascending bytes, once each */
+                uint8_t byte = z->node_byte[at];
+                bad |= at > slot && byte <= z->node_byte[at - 1];
+                z->dag_bits[4 * a + byte / 64] |= (uint64_t)1 << (byte % 64);
+            }
+            for (int q = 0; q < 4; q++) {
+                z->dag_rank[4 * a + q] = slot;
+                slot += popcount64(z->dag_bits[4 * a + q]);
+            }
+        }
+    }
     for (Py_ssize_t i = 0; !bad && i < values; i++) {
         bad |= z->terminal_values[i] < 0 || z->terminal_values[i] >= values;
-    }
-    bad |= bad || z->tok_offsets[0] != 0 || z->tok_offsets[nt] != n_ids || z->tok_children[0] < 1;
-    for (Py_ssize_t u = 0; !bad && u < nt; u++) {
-        int32_t lo = z->tok_children[u], hi = z->tok_children[u + 1];
-        bad |= hi < lo || hi > nt || (hi > lo && lo <= u) || z->tok_offsets[u + 1] < z->tok_offsets[u];
-    }
-    for (Py_ssize_t i = 0; !bad && i < n_ids; i++) {
-        bad |= (uint64_t)(uint32_t)z->tok_ids[i] >= limit;
     }
     z->n_eos = eos.shape[0];
     z->eos = (int32_t *)malloc((size_t)(z->n_eos > 0 ? z->n_eos : 1) * sizeof(int32_t));
@@ -135,8 +242,9 @@ static PyObject *Kernel_edges(Kernel *self, PyObject *const *args, Py_ssize_t na
 static PyObject *Kernel_spell(Kernel *self, PyObject *const *args, Py_ssize_t nargs) {
     Lazy *z = self->lazy;
     int64_t node;
-    if (z == NULL || nargs != 1 || !exact_int(args[0], &node) || node < 0 || node >= self->num_nodes) {
-        Py_RETURN_NONE;
+    if (z == NULL || z->slot_dest != NULL || nargs != 1 || !exact_int(args[0], &node) || node < 0 ||
+        node >= self->num_nodes) {
+        Py_RETURN_NONE; /* (a DAG's node does not determine its text) */
     }
     Py_ssize_t blocks = z->views[2].shape[0], depth = 0;
     uint8_t stack_buffer[256], *spelled = stack_buffer;

@@ -1,0 +1,100 @@
+"""LazyDagAutomaton: a finite pattern's minimal byte DAG in the lazy layout.
+
+``compile_regex(pattern, layout="lazy")`` (and ``compile_format``) keeps the DAG, not its
+edges: a node's out-edges, in byte order, take the places a trie node's children take in the
+lazy set layout (:mod:`triemask.automata.lazy`), "slots" numbered from 1, with ``node_byte``
+their bytes and ``slot_dest`` the node each leads to. The lazy layout's walk of a node's
+subtrie against the vocabulary's token trie then walks the DAG from that node (the token
+trie bounds it), so a node's edges are found on first use, cached, and the same as the eager
+:class:`~triemask.DagAutomaton`'s: the same states, masks and steps. Compiling costs the DAG
+(microseconds to a fraction of a millisecond), the first mask one node's walk: for languages
+that allow much of the vocabulary at many positions (semver, IPv6: hundreds of thousands of
+edges in all, tens or hundreds at the start) the first mask comes far sooner.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..base import ArgumentTypeError, ByteDag
+from .dag import DagLanguage
+from .forced import ForcedChains
+from .lazy import LazyTrieAutomaton
+
+_KERNEL_BYTES_PER_NODE = 48  # the C kernel's out-byte bits (32) and their slots by word (16)
+
+
+class LazyDagAutomaton(DagLanguage, LazyTrieAutomaton):
+    """A finite language's minimal byte automaton whose edges are found on first use and cached
+    (``compile_regex(pattern, layout="lazy")``, ``compile_format(name, layout="lazy")``).
+
+    The states, masks and methods of :class:`~triemask.DagAutomaton` (nodes ``0 ..
+    num_nodes - 1``, the final state ``num_nodes + j`` after EOS at the ``j``-th accepting
+    node; the text read from the tokens: :meth:`spell`, ``Matcher.value``), the cache of
+    :class:`~triemask.LazyTrieAutomaton` (``cache_info``, ``cache_clear``, ``stats()["cache"]``).
+    Not saved or pickled: compile the pattern again (it takes well under a millisecond), or
+    save the eager layout.
+    """
+
+    __slots__ = ("_chains", "_counts", "_dag", "_out_edges", "_pattern", "_slot_dest", "_token_bytes")
+
+    def __init__(
+        self,
+        *,
+        dag: ByteDag,
+        pattern: str | None,
+        slot_dest: npt.NDArray[np.int32],
+        token_bytes: tuple[npt.NDArray[Any], npt.NDArray[Any], bytes],
+        **arrays: Any,
+    ) -> None:
+        # (set first: the base constructor reads the slots for its kernel and its arrays)
+        self._dag, self._pattern, self._slot_dest, self._token_bytes = dag, pattern, slot_dest, token_bytes
+        self._counts: list[int] | None = None
+        self._out_edges: list[list[tuple[int, int]]] | None = None
+        self._chains: ForcedChains | None = None
+        super().__init__(**arrays)
+
+    def _slot_nodes(self, slots: Any) -> Any:
+        return self._slot_dest[slots]
+
+    def _native_slots(self) -> npt.NDArray[np.int32] | None:
+        return self._slot_dest
+
+    def _arrays(self) -> list[npt.NDArray[Any]]:
+        dag = self._dag
+        return [*super()._arrays(), self._slot_dest, dag.in_offsets, dag.source, dag.byte, dag.dest, dag.accepting]
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the automaton's arrays, the kernel's lookup of a node's children by
+        byte (48 a node) and, now, the cache (the shared token trie excluded)."""
+        return super().memory_bytes + (_KERNEL_BYTES_PER_NODE * self._num_nodes if self._kernel is not None else 0)
+
+    def _token_text(self, token: int) -> bytes:
+        lengths, offsets, data = self._token_bytes
+        start = int(offsets[token])
+        return bytes(data[start : start + int(lengths[token])])
+
+    def file_parts(self) -> tuple[str, dict[str, Any], dict[str, npt.NDArray[Any]]]:
+        """Not available: a lazy pattern automaton is not saved (raises ArgumentTypeError)."""
+        raise ArgumentTypeError(
+            "a LazyDagAutomaton is not saved or pickled: compile the pattern again (well under a "
+            "millisecond), or compile it with layout='dag' to save it"
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Structure of the automaton and its cache: the DAG's nodes and edges, the language's
+        size, ``cache`` (:meth:`cache_info`)."""
+        base = self._language_stats(super().stats())
+        base["forced_nodes"] = self._forced_nodes()
+        return base
+
+    def __repr__(self) -> str:
+        info = self.cache_info()
+        return (
+            f"LazyDagAutomaton(pattern={self._pattern!r:.60}, nodes={self._num_nodes}, eos={self._meta.eos}, "
+            f"memory_bytes={self.memory_bytes}, cached_nodes={info['entries']}, cache_bytes={info['limit']})"
+        )
