@@ -375,9 +375,8 @@ class LazyTrieAutomaton(TrieAutomaton):
         node = self._node(state)
         forced = bytearray()
         while node < self._num_nodes and self._node_word[node] & (LAZY_TERMINAL | LAZY_COUNT) == 1:
-            slot = int(self._first_children(np.array([node], dtype=np.int64))[0])
-            forced.append(int(self._node_byte[slot]))
-            node = int(self._slot_nodes(slot))
+            node = int(self._first_children(np.array([node], dtype=np.int64))[0])
+            forced.append(int(self._node_byte[node]))
         return bytes(forced)
 
     def _slot_nodes(self, slots: Any) -> Any:

@@ -118,25 +118,6 @@ static int grow(void **buffer, size_t *capacity, size_t needed, size_t item) {
     return 0;
 }
 
-/* The node a child slot leads to (a trie's slot is the child). */
-static inline int32_t lazy_child(const Lazy *z, int32_t slot) {
-    return z->slot_dest != NULL ? z->slot_dest[slot] : slot;
-}
-
-/* Where `byte` is in the ascending `bytes`, or -1. */
-static inline int32_t find_byte(const uint8_t *bytes, int32_t count, uint8_t byte) {
-    int32_t lo = 0, hi = count;
-    while (lo < hi) {
-        int32_t mid = lo + (hi - lo) / 2;
-        if (bytes[mid] < byte) {
-            lo = mid + 1;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo < count && bytes[lo] == byte ? lo : -1;
-}
-
 /* A node's edges from scratch: depth-first over (value-trie node v, token-trie node u) pairs
  * spelling the same bytes below `node`; each token ending at u is an edge node -> v. (A DAG's
  * nodes the same: its slots lead to shared nodes, and the walk is bounded by the token trie.) */
@@ -184,40 +165,16 @@ static Entry *lazy_compute(const Kernel *self, int32_t node) {
             continue;
         }
         int32_t first = lazy_first_child(z, v);
-        /* the pairs of children with the same byte: both lists are in byte order, so a merge,
-         * or, where one list is much the shorter (a token-trie node deep in its words against
-         * a node allowing any letter), each of its bytes searched for in the other */
-        int32_t tokens = end - j;
-        if (4 * tokens < count) {
-            for (; j < end; j++) {
-                int32_t at = find_byte(z->node_byte + first, count, z->tok_byte[j]);
-                if (at >= 0) {
-                    z->stack[2 * sp] = lazy_child(z, first + at);
-                    z->stack[2 * sp + 1] = j;
-                    sp++;
-                }
-            }
-        } else if (4 * count < tokens) {
-            for (int32_t i = 0; i < count; i++) {
-                int32_t at = find_byte(z->tok_byte + j, tokens, z->node_byte[first + i]);
-                if (at >= 0) {
-                    z->stack[2 * sp] = lazy_child(z, first + i);
-                    z->stack[2 * sp + 1] = j + at;
-                    sp++;
-                }
-            }
-        } else {
-            for (int32_t i = 0; i < count && j < end;) {
-                uint8_t bv = z->node_byte[first + i], bu = z->tok_byte[j];
-                if (bv < bu) {
-                    i++;
-                } else if (bv > bu) {
-                    j++;
-                } else {
-                    z->stack[2 * sp] = lazy_child(z, first + i++);
-                    z->stack[2 * sp + 1] = j++;
-                    sp++;
-                }
+        for (int32_t i = 0; i < count && j < end;) { /* both child lists are in byte order */
+            uint8_t bv = z->node_byte[first + i], bu = z->tok_byte[j];
+            if (bv < bu) {
+                i++;
+            } else if (bv > bu) {
+                j++;
+            } else {
+                z->stack[2 * sp] = first + i++;
+                z->stack[2 * sp + 1] = j++;
+                sp++;
             }
         }
     }
