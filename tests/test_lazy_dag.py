@@ -227,3 +227,14 @@ def test_lazy_kernel_takes_only_a_checked_token_trie() -> None:
     with pytest.raises(ValueError, match="token trie arrays"):
         empty = (np.zeros(1, np.int32), np.zeros(0, np.uint8), np.zeros(1, np.int32), np.zeros(0, np.int32))
         native.TokenTrieTables(*empty, width)
+
+
+@pytest.mark.parametrize("pattern", [".{0,3}", "[\\x00-\\x7f]{1,2}x", "[^a]é?", "\\s\\S{2}"])
+def test_wide_classes_with_every_byte_a_token(pattern: str, layer: str) -> None:
+    """Nodes with up to 256 out-edges (every byte of a class a token, merges across them)."""
+    merges = [b"ab", b"\xc3\xa9", b"\x00\xff", b"\n\r", b" x", b"xx"]
+    compiler = Compiler(byte_vocabulary(merges), disk_cache=False)
+    eager = compiler.compile_regex(pattern)
+    lazy = compiler.compile_regex(pattern, layout="lazy")
+    assert isinstance(eager, DagAutomaton) and isinstance(lazy, LazyDagAutomaton)
+    same_automaton(lazy, eager, seed=len(pattern))
