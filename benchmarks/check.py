@@ -3,11 +3,13 @@
     python -m benchmarks.check [--baseline benchmarks/results/quick.json] [--factor 2] [--results FILE]
         [--schemas-baseline benchmarks/results/schemas-peers.json] [--schemas-results FILE]
 
-Runs ``python -m benchmarks --quick`` and ``python -m benchmarks schemas --peers`` (or reads
-``--results`` and ``--schemas-results``), takes every ratio of the issue targets (triemask
-against xgrammar and llguidance: compile, per step, batch fill; and for ordinary JSON schemas
-against xgrammar: compile, per step, batch of 64) from both runs, and fails when a fresh ratio
-is below the committed one divided by ``--factor``. Ratios are measured in one process on one
+Runs ``python -m benchmarks --quick``, ``python -m benchmarks schemas --peers`` and
+``python -m benchmarks formats --quick`` (or reads ``--results``, ``--schemas-results`` and
+``--formats-results``), takes every ratio of the issue targets (triemask against xgrammar and
+llguidance: compile, per step, batch fill; for ordinary JSON schemas against xgrammar: compile,
+per step, batch of 64; for the formats and finite patterns on Qwen2.5, the faster peer's first
+mask against triemask's, eager and lazy) from the runs, and fails when a fresh ratio is below
+the committed one divided by ``--factor``. Ratios are measured in one process on one
 vocabulary, so machine speed cancels out; what remains is run-to-run noise, which on the 2-core VM these results come
 from moves a same-code ratio by up to 1.4x (per step at K = 10,000: 163x vs 193x; batch
 fill: 200x vs 281x). A factor of 2 leaves that margin and still catches the loss of the
@@ -24,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import report, schemas
+from . import formats, report, schemas
 
 
 def ratios(results: dict[str, Any]) -> dict[str, float]:
@@ -48,12 +50,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, help="a quick run's JSON (default: run one now)")
     parser.add_argument("--schemas-baseline", type=Path, default=Path("benchmarks/results/schemas-peers.json"))
     parser.add_argument("--schemas-results", type=Path, help="a schemas --peers run's JSON (default: run one now)")
+    parser.add_argument("--formats-baseline", type=Path, default=Path("benchmarks/results/formats.json"))
+    parser.add_argument("--formats-results", type=Path, help="a formats --quick run's JSON (default: run one now)")
     parser.add_argument("--factor", type=float, default=2.0)
     options = parser.parse_args(argv)
     baseline = ratios(json.loads(options.baseline.read_text()))
     baseline |= schemas.peer_ratios(json.loads(options.schemas_baseline.read_text()))
+    baseline |= formats.peer_ratios(json.loads(options.formats_baseline.read_text()))
     fresh = ratios(fresh_run(["--quick"], "quick.json", options.results))
     fresh |= schemas.peer_ratios(fresh_run(["schemas", "--peers"], "schemas-peers.json", options.schemas_results))
+    fresh |= formats.peer_ratios(fresh_run(["formats", "--quick"], "formats-quick.json", options.formats_results))
     failed = []
     print(f"{'ratio (peer / triemask, same run)':50s} {'committed':>10s} {'now':>10s}  floor (/{options.factor:g})")
     for name, committed in baseline.items():

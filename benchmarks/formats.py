@@ -261,6 +261,18 @@ def measure_layouts(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def peer_ratios(results: dict[str, Any], vocabulary: str = "qwen2.5") -> dict[str, float]:
+    """The faster peer's time to a first mask over triemask's, per pattern on ``vocabulary``
+    (the one ``--quick`` runs): eager (the first compile) and lazy (to its first mask)."""
+    found = {}
+    for r in results["rows"]:
+        if r["vocabulary"] == vocabulary:
+            best = min(r["xgrammar_s"], r["llguidance_s"])
+            found[f"{r['format']} ({vocabulary}): eager"] = best / r["triemask_cold_s"]
+            found[f"{r['format']} ({vocabulary}): lazy"] = best / r["triemask_lazy_s"]
+    return found
+
+
 def markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Fixed formats (paper Table 17) and real-world finite patterns, measured here",

@@ -180,13 +180,28 @@ def test_bench_check_flags_a_fallen_ratio(tmp_path) -> None:  # type: ignore[no-
         "labels: per step": 1.0,  # the worse of inside and outside
         "labels: batch 64": 1.0,
     }
-    both = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(schemas_run)]
+    pattern = {"format": "uuid", "xgrammar_s": 1e-3, "llguidance_s": 6e-4, "triemask_cold_s": 3e-4}
+    patterns = {"rows": [{**pattern, "vocabulary": "qwen2.5", "triemask_lazy_s": 1e-4}]}
+    assert check.formats.peer_ratios(patterns) == {
+        "uuid (qwen2.5): eager": pytest.approx(2.0),
+        "uuid (qwen2.5): lazy": pytest.approx(6.0),
+    }
+    formats_run = tmp_path / "formats.json"
+    formats_run.write_text(json.dumps(patterns))
+    same_formats = ["--formats-baseline", str(formats_run), "--formats-results", str(formats_run)]
+    both = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(schemas_run), *same_formats]
     assert check.main(["--baseline", str(baseline), "--results", str(baseline), *both]) == 0
     assert check.main(["--baseline", str(baseline), "--results", str(fresh), *both]) == 1
     table["rows"][0]["batch_64"]["triemask_us"] = 300.0  # 1x -> 0.33x: below 1 / 2
     slower_schemas = tmp_path / "slower-schemas.json"
     slower_schemas.write_text(json.dumps(table))
-    with_slower = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(slower_schemas)]
+    with_slower = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(slower_schemas), *same_formats]
+    assert check.main(["--baseline", str(baseline), "--results", str(baseline), *with_slower]) == 1
+    patterns["rows"][0]["triemask_lazy_s"] = 4e-4  # 6x -> 1.5x: below 6 / 2
+    slower_formats = tmp_path / "slower-formats.json"
+    slower_formats.write_text(json.dumps(patterns))
+    same_schemas = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(schemas_run)]
+    with_slower = [*same_schemas, "--formats-baseline", str(formats_run), "--formats-results", str(slower_formats)]
     assert check.main(["--baseline", str(baseline), "--results", str(baseline), *with_slower]) == 1
 
 
