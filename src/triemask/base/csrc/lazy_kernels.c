@@ -164,6 +164,7 @@ static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
         z->dag_bits = (uint64_t *)PyMem_Calloc((size_t)n * 4, sizeof(uint64_t));
         z->dag_rank = (int32_t *)PyMem_Malloc((size_t)n * 4 * sizeof(int32_t));
         if (z->dag_bits == NULL || z->dag_rank == NULL) {
+            PyBuffer_Release(&eos);
             Py_DECREF(self);
             return PyErr_NoMemory();
         }
