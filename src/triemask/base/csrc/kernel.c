@@ -320,11 +320,6 @@ static void sort_keys(uint64_t *a, int64_t n) {
     }
 }
 
-/* Keys (token << 32 | dest) whose tokens are distinct (one edge per token at a node), sorted:
- * by the token's bits, 11 at a time from the lowest (each pass a stable counting sort), where
- * there are enough of them for that to beat sort_keys (a node allowing a large part of the
- * vocabulary: tens of thousands of edges, 5-10x faster); sort_keys otherwise, or when the
- * scratch array cannot be had. */
 /* The set bits of `word`, inline (the builtin is a library call where the build does not
  * assume the CPU's instruction). */
 static inline int popcount64(uint64_t word) {
@@ -334,6 +329,11 @@ static inline int popcount64(uint64_t word) {
     return (int)((word * 0x0101010101010101ULL) >> 56);
 }
 
+/* Keys (token << 32 | dest) whose tokens are distinct (one edge per token at a node), sorted:
+ * by the token's bits, 11 at a time from the lowest (each pass a stable counting sort), where
+ * there are enough of them for that to beat sort_keys (a node allowing tens of thousands of
+ * tokens: an identifier pattern's first row on Qwen2.5 took 4.3 ms with sort_keys, 2.9 ms so);
+ * sort_keys otherwise, or when the scratch array cannot be had. */
 enum { TOKEN_RADIX_MIN = 2048, TOKEN_RADIX_BITS = 11 };
 
 static void sort_token_keys(uint64_t *keys, int64_t n) {
