@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..automata import DEAD, DagLanguage, TrieAutomaton
+from ..automata import DEAD, DagAutomaton, LazyDagAutomaton, TrieAutomaton
 from ..base import ArgumentTypeError, BitmaskError, BoundedLRU, StateError, VocabularyError
 from ..cache import default_compile_cache
 from ..compiler import Compiler
@@ -845,6 +845,8 @@ def spelled_value(automaton: TrieAutomaton, tokens: list[int]) -> str | None:
             return None
     if not automaton.is_final(state):
         return None
-    # a DAG's state (DagAutomaton, LazyDagAutomaton) does not name its text: read it from the tokens
-    value = automaton.spell(tokens) if isinstance(automaton, DagLanguage) else automaton.value_of(state)
+    # a DAG's state does not name its text: read it from the tokens
+    if isinstance(automaton, DagAutomaton | LazyDagAutomaton):
+        return automaton.spell(tokens)
+    value = automaton.value_of(state)
     return value if value is None else str(value)
