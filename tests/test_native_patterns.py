@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import real_vocabulary
+from conftest import byte_vocabulary, real_vocabulary
 from test_regex import patterns, vocabularies
 from triemask import FORMATS, Compiler, MemoryLimitError, PatternError, TriemaskError, Vocabulary
 from triemask.base import kernels as _kernels
@@ -97,6 +97,93 @@ def test_random_patterns_compile_as_the_reference(
         outcome(compiler.compile_regex, text, eos=eos, max_bytes=budget),
         reference(monkeypatch, compiler.compile_regex, text, eos=eos, max_bytes=budget),
     )
+
+
+def python_program(pattern: str) -> list[int] | None:
+    """The reference reader's program (_Parser, _program), or None where it refuses."""
+    try:
+        tree = _regex._Parser(pattern).parse()
+    except PatternError:
+        return None
+    program: list[int] = []
+    _regex._program(tree, program)
+    return program
+
+
+def c_program(pattern: str) -> list[int] | None:
+    native = _kernels.KERNELS
+    assert native is not None
+    read = native.regex_program(pattern, _regex._MAX_NFA_STATES)
+    return None if read is None else np.frombuffer(read, dtype=np.int32).tolist()
+
+
+# every character the reader treats apart, and some it must take as they are
+READER_TEXT = [*"ab09_-,:.|()[]{}^$?*+\\\\PdwsDWSxubntrfv<>=!#é", "\x00", "\ud800", "٣", "²", "\U0001f600"]
+PIECES = [
+    "a", "é", "\U0001f600", "\x00", "]", "}", "{", "{x}", "{,2}", "\\d", "\\W", "\\s", "\\S", "\\n", "\\0",
+    "\\x41", "\\u00e9", "\\u{1F600}", "\\u{0000041}", "\\.", "\\-", "\\\\", "\\{", ".", "[a-c]", "[^a-c\\d]",
+    "[]a]", "[^]é-ë]", "[\\b\\x00-\\x1f]", "[a-]", "[-a]", "[\\w.-]", "[\\D]", "[^\\S\\n]",
+]  # fmt: skip
+
+
+@st.composite
+def readable_patterns(draw: st.DrawFn, depth: int = 0) -> str:
+    """Patterns the reader takes: the pieces above in groups of every kind, alternations
+    (empty options too), quantifiers (lazy, stacked), anchors."""
+    kind = draw(st.sampled_from(["piece"] if depth >= 3 else ["piece", "piece", "group", "alt", "concat"]))
+    if kind == "piece":
+        text = draw(st.sampled_from(PIECES))
+    elif kind == "group":
+        opening = draw(st.sampled_from(["(", "(?:", "(?P<name>", "(?<n_1>"]))
+        text = opening + draw(readable_patterns(depth + 1)) + ")"
+    elif kind == "alt":
+        text = "|".join(draw(st.lists(readable_patterns(depth + 1) | st.just(""), min_size=2, max_size=3)))
+        text = "(?:" + text + ")"
+    else:
+        text = "".join(draw(st.lists(readable_patterns(depth + 1), min_size=0, max_size=3)))
+    if text and text[-1] not in "|(" and draw(st.booleans()):
+        low = draw(st.integers(0, 3))
+        quantifier = draw(st.sampled_from(["?", f"{{{low}}}", f"{{{low},{low + draw(st.integers(0, 2))}}}"]))
+        text = "(?:" + text + ")" + quantifier + draw(st.sampled_from(["", "?"]))
+    if depth == 0:
+        text = draw(st.sampled_from(["", "^"])) + text + draw(st.sampled_from(["", "$"]))
+    return text
+
+
+@pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")
+@settings(max_examples=600, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(READER_TEXT), max_size=24))
+def test_the_c_reader_reads_random_text_as_the_reference(text: str) -> None:
+    """Whatever the C reader reads, the reference reads the same; what it refuses or hands
+    back (None), the reference reads or refuses itself (with its error and position)."""
+    mine = c_program(text)
+    if mine is not None:
+        assert mine == python_program(text)
+
+
+@pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")
+@settings(max_examples=400, deadline=None)
+@given(text=readable_patterns())
+def test_the_c_reader_reads_what_the_reference_reads(text: str) -> None:
+    mine, theirs = c_program(text), python_program(text)
+    assert theirs is not None, text
+    assert mine == theirs, text
+
+
+@pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")
+def test_the_c_reader_reads_every_real_pattern_and_hands_back_the_rest() -> None:
+    for pattern in REAL_PATTERNS:
+        assert c_program(pattern) == python_program(pattern) and c_program(pattern) is not None, pattern
+    # forms only the reference reads: the pattern reads all the same, through it
+    for pattern, language in [("\\u{0x41}", {"A"}), ("b\\x4", {"b\x04"}), ("a{1,1234567890}", None)]:
+        assert c_program(pattern) is None
+        if language is None:
+            with pytest.raises(PatternError, match="too large"):
+                _regex.dag_of_pattern(pattern)
+        else:
+            assert Compiler(byte_vocabulary()).compile_regex(pattern).values() == sorted(language)
+    # (ASCII digits only in bounds, as Python's re: once a ValueError from int("²"))
+    assert python_program("a{1,²}") == c_program("a{1,²}") is not None
 
 
 @pytest.mark.parametrize("name", ["qwen2", "mistral-spm-32k", "o200k_base"])
@@ -236,7 +323,6 @@ def test_dag_of_trie_checks_its_trie() -> None:
 def test_every_byte_a_token_compiles_as_the_reference(merges: list[bytes], monkeypatch: pytest.MonkeyPatch) -> None:
     """Every byte a token (NUL, controls, quotes, backslash, bytes no UTF-8 text holds): the C
     matching assumes no byte away, whatever the classes (any character, negations, escapes)."""
-    from conftest import byte_vocabulary
 
     compiler = Compiler(byte_vocabulary(merges))
     for pattern in [".{0,2}", "[^a]{1,2}", "\\s\\S", '[\\x00-\\x1f"\\\\]{1,3}', "\\w{2}é?", FORMATS["ipv4"]]:

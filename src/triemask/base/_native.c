@@ -39,6 +39,9 @@
  *                   kernel (its parts merged at lookup)
  *   updates.c       with_values's walks of the removed values and its tombstone pass
  *   compile.c       the token index's tables and matching a value trie against the vocabulary
+ *   dag_match.c     matching an acyclic automaton (a pattern's, a set's) against the vocabulary
+ *   pattern_dag.c   the minimal acyclic automaton of a pattern's program, or of a trie
+ *   regex_read.c    a finite pattern's text read into that program
  *   tries.c         sorting values and building byte tries; the token index's hash
  *   python_types.c  MatcherCore and AutomatonCore, the C base classes of Matcher and automata
  *   schema_step.c   SchemaCore, LexTables, StepTables: a mixed schema's common steps (xgrammar's handle,
@@ -55,6 +58,7 @@
 #include "csrc/compile.c"
 #include "csrc/dag_match.c"
 #include "csrc/pattern_dag.c"
+#include "csrc/regex_read.c"
 #include "csrc/tries.c"
 #include "csrc/python_types.c"
 #include "csrc/schema_step.c"
@@ -74,6 +78,8 @@ static PyMethodDef module_methods[] = {
     {"dag_of_trie", dag_of_trie, METH_VARARGS, "The minimal acyclic automaton of a trie (see triemask.base.dag)."},
     {"pattern_dag", pattern_dag, METH_VARARGS,
      "The minimal acyclic automaton of a finite pattern's syntax tree (see triemask.sets.regex)."},
+    {"regex_program", regex_program, METH_VARARGS,
+     "A finite pattern read into pattern_dag's program, or None to read it in Python (see triemask.sets.regex)."},
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},

@@ -23,13 +23,15 @@ leads to a deeper level.
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import pairwise
-from typing import Union
+from typing import Any, Union
 
 import numpy as np
+import numpy.typing as npt
 
 from ..base import (
     BoundedLRU,
@@ -88,6 +90,9 @@ _SPACE = [
     (0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
     (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF),
 ]  # fmt: skip
+# a character class's text, to find one seen before in the pattern (ipv6 has 33, one distinct)
+_CLASS_TEXT = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]", re.DOTALL)
+_SPECIAL = frozenset("([\\.*+?^${")  # what atom() reads as more than the character itself
 _SHORT = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
 
 
@@ -147,6 +152,7 @@ class _Parser:
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self.pos = 0
+        self.classes: dict[str, _Chars] = {}  # the classes read so far, by their text
 
     def fail(self, message: str, position: int | None = None, error: type[PatternError] = PatternError) -> PatternError:
         return error(message, pattern=self.pattern, position=self.pos if position is None else position)
@@ -173,15 +179,21 @@ class _Parser:
 
     def sequence(self, depth: int) -> _Node:
         parts: list[_Node] = []
-        while (c := self.peek()) is not None and c not in "|)":
-            if c == "$" and self.pos == len(self.pattern) - 1:
+        pattern, end = self.pattern, len(self.pattern)
+        while self.pos < end and (c := pattern[self.pos]) not in "|)":
+            if c == "$" and self.pos == end - 1:
                 self.pos += 1  # the trailing anchor: the match is anchored anyway
                 break
-            parts.append(self.quantified(self.atom(depth)))
+            atom = self.atom(depth)
+            # (a quantifier looked for only where one may start: a parse is a few calls a character)
+            parts.append(self.quantified(atom) if self.pos < end and pattern[self.pos] in "*+?{" else atom)
         return parts[0] if len(parts) == 1 else _Concat(tuple(parts))
 
     def atom(self, depth: int) -> _Node:
         c = self.pattern[self.pos]
+        if c not in _SPECIAL:
+            self.pos += 1
+            return _Chars(((ord(c), ord(c)),))
         if c == "(":
             open_at = self.pos
             self.pos += 1
@@ -226,7 +238,9 @@ class _Parser:
             return None
         body = text[self.pos + 1 : end]
         low_text, comma, high_text = body.partition(",")
-        if not low_text.isdigit() or not low_text.isascii() or (high_text and not high_text.isdigit()):
+        if not (low_text.isdigit() and low_text.isascii()) or (high_text and not high_text.isascii()):
+            return None  # (ASCII digits only, as Python's re reads them: int("²") would raise)
+        if high_text and not high_text.isdigit():
             return None
         low = int(low_text)
         high = None if comma and not high_text else int(high_text) if comma else low
@@ -301,6 +315,17 @@ class _Parser:
         return ((ord(c), ord(c)),)  # an escaped punctuation character stands for itself
 
     def char_class(self) -> _Chars:
+        extent = _CLASS_TEXT.match(self.pattern, self.pos)
+        text = extent.group() if extent else ""
+        if (seen := self.classes.get(text)) is not None:
+            self.pos += len(text)
+            return seen
+        read = self.read_class()
+        if extent is not None and self.pos == extent.end():
+            self.classes[text] = read
+        return read
+
+    def read_class(self) -> _Chars:
         open_at = self.pos
         self.pos += 1
         negate = self.peek() == "^"
@@ -618,16 +643,15 @@ def dag_of_pattern(pattern: str) -> ByteDag:
 @lru_cache(maxsize=256)
 def _dag_of_pattern(pattern: str) -> ByteDag:
     parser = _Parser(pattern)
-    tree = parser.parse()
     native = kernels.KERNELS
     if native is not None:  # the same automaton, numbered the same, in C (see _program)
-        program: list[int] = []
-        _program(tree, program)
-        built = native.pattern_dag(np.asarray(program, dtype=np.int32), _MAX_NFA_STATES, _MAX_DFA_STATES, _MAX_WORK)
+        program = _native_program(native, pattern)
+        built = native.pattern_dag(program, _MAX_NFA_STATES, _MAX_DFA_STATES, _MAX_WORK)
         if isinstance(built, str):
             raise parser.fail(_LIMITS[built], 0)
         dag = None if built is None else dag_from_buffers(built)
     else:
+        tree = parser.parse()
         nfa = _Nfa(parser)
         start, end = nfa.state(), nfa.state()
         nfa.build(tree, start, end)
@@ -636,6 +660,18 @@ def _dag_of_pattern(pattern: str) -> ByteDag:
     if dag is None:
         raise parser.fail("the pattern matches no string", 0)
     return dag
+
+
+def _native_program(native: Any, pattern: str) -> npt.NDArray[np.int32]:
+    """The pattern's program, read by the C kernel (``regex_program``), or by :class:`_Parser`
+    where the kernel hands it back: the patterns the reader refuses (its error names the cause
+    and the position) and the few forms only it reads. Both read a pattern the same."""
+    read = native.regex_program(pattern, _MAX_NFA_STATES)
+    if read is not None:
+        return np.frombuffer(read, dtype=np.int32)
+    program: list[int] = []
+    _program(_Parser(pattern).parse(), program)
+    return np.asarray(program, dtype=np.int32)
 
 
 def _program(node: _Node, out: list[int]) -> None:

@@ -118,64 +118,87 @@ static int grow(void **buffer, size_t *capacity, size_t needed, size_t item) {
     return 0;
 }
 
-/* A node's edges from scratch: depth-first over (value-trie node v, token-trie node u) pairs
- * spelling the same bytes below `node`; each token ending at u is an edge node -> v. (A DAG's
- * nodes the same: its slots lead to shared nodes, and the walk is bounded by the token trie.) */
+static inline int bits_has(const uint64_t *bits, uint8_t byte) {
+    return (int)(bits[byte / 64] >> (byte % 64) & 1);
+}
+
+/* The slot of DAG node v's edge on `byte` (which it has): its rank among v's bytes. */
+static inline int32_t dag_slot(const Lazy *z, int32_t v, uint8_t byte) {
+    uint64_t below = z->dag_bits[4 * (int64_t)v + byte / 64] & (((uint64_t)1 << (byte % 64)) - 1);
+    return z->dag_rank[4 * (int64_t)v + byte / 64] + popcount64(below);
+}
+
+/* A node's edges from scratch: the token trie in preorder (TokenTrieTables), each token-trie
+ * node k matched against the value-trie node its parent reached (a frame per depth: the end of
+ * the parent's subtree, its node v, and for a trie the cursor in v's children, both lists being
+ * in byte order); an unmatched k's subtree is skipped in one jump, and the rest of a parent's
+ * once its children are used up. Each token ending at k is an edge node -> the node k reached.
+ * (A DAG's nodes the same: its slots lead to shared nodes, a child found by its byte's bit.) */
 static Entry *lazy_compute(const Kernel *self, int32_t node) {
     Lazy *z = self->lazy;
-    size_t nk = 0, sp = 1;
-    if (grow((void **)&z->stack, &z->stack_cap, 2, sizeof(int32_t)) < 0) {
-        return NULL;
-    }
-    z->stack[0] = node;
-    z->stack[1] = 0;
-    while (sp > 0) {
-        sp--;
-        int32_t v = z->stack[2 * sp], u = z->stack[2 * sp + 1];
-        uint16_t word = z->node_word[v];
-        if (u != 0 && !(word & LAZY_DEAD)) {
-            int32_t lo = z->tok_offsets[u], hi = z->tok_offsets[u + 1];
-            if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)(hi - lo), sizeof(uint64_t)) < 0) {
-                return NULL;
-            }
-            for (int32_t i = lo; i < hi; i++) {
-                z->keys[nk++] = (uint64_t)(uint32_t)z->tok_ids[i] << 32 | (uint32_t)v;
-            }
-        }
-        int32_t count = word & LAZY_COUNT;
-        int32_t j = z->tok_children[u], end = z->tok_children[u + 1];
-        if (count == 0 || j == end) {
-            continue;
-        }
-        if (grow((void **)&z->stack, &z->stack_cap, 2 * (sp + (size_t)count), sizeof(int32_t)) < 0) {
+    /* (locals: the compiler cannot tell that the frames and keys written leave these alone) */
+    const uint8_t *tok_byte = z->tok->byte, *node_byte = z->node_byte, *small = z->dag_small;
+    const int32_t *tok_skip = z->tok->skip, *tok_offsets = z->tok->offsets, *tok_ids = z->tok->ids;
+    const uint16_t *node_word = z->node_word;
+    const int dag = z->dag_bits != NULL;
+    const int32_t nodes = z->tok->nodes;
+    size_t nk = 0;
+    int32_t count = node_word[node] & LAZY_COUNT;
+    if (count > 0) {
+        if (grow((void **)&z->stack, &z->stack_cap, 4 * ((size_t)z->tok->depth + 1), sizeof(int32_t)) < 0) {
             return NULL;
         }
-        if (z->dag_bits != NULL) { /* a DAG: each token-trie child's byte looked up in v's bits */
-            const uint64_t *bits = z->dag_bits + 4 * (int64_t)v;
-            const int32_t *rank = z->dag_rank + 4 * (int64_t)v;
-            for (; j < end; j++) {
-                uint8_t byte = z->tok_byte[j];
-                uint64_t below = bits[byte / 64] & (((uint64_t)1 << (byte % 64)) - 1);
-                if (bits[byte / 64] >> (byte % 64) & 1) {
-                    z->stack[2 * sp] = z->slot_dest[rank[byte / 64] + popcount64(below)];
-                    z->stack[2 * sp + 1] = j;
-                    sp++;
+        int32_t *f = z->stack; /* the innermost frame: subtree end, v, next child slot, v's slot end */
+        f[0] = nodes;
+        f[1] = node;
+        f[2] = dag ? 0 : lazy_first_child(z, node);
+        f[3] = f[2] + count;
+        for (int32_t k = 1; k < nodes;) {
+            while (k >= f[0]) {
+                f -= 4;
+            }
+            uint8_t byte = tok_byte[k];
+            int32_t next = tok_skip[k], child = -1;
+            if (small != NULL) {
+                uint8_t to = small[256 * f[1] + byte];
+                child = to == DAG_NONE ? -1 : to;
+            } else if (dag) {
+                child = bits_has(z->dag_bits + 4 * (int64_t)f[1], byte) ? z->slot_dest[dag_slot(z, f[1], byte)] : -1;
+            } else {
+                int32_t at = f[2];
+                while (at < f[3] && node_byte[at] < byte) {
+                    at++;
+                }
+                if (at == f[3]) { /* v's children used up: the rest of the parent's subtree too */
+                    k = f[0];
+                    continue;
+                }
+                child = node_byte[at] == byte ? at++ : -1;
+                f[2] = at;
+            }
+            if (child < 0) {
+                k = next;
+                continue;
+            }
+            uint16_t word = node_word[child];
+            int32_t lo = tok_offsets[k], hi = tok_offsets[k + 1];
+            if (hi > lo && !(word & LAZY_DEAD)) {
+                if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)(hi - lo), sizeof(uint64_t)) < 0) {
+                    return NULL;
+                }
+                for (int32_t i = lo; i < hi; i++) {
+                    z->keys[nk++] = (uint64_t)(uint32_t)tok_ids[i] << 32 | (uint32_t)child;
                 }
             }
-            continue;
-        }
-        int32_t first = lazy_first_child(z, v);
-        for (int32_t i = 0; i < count && j < end;) { /* both child lists are in byte order */
-            uint8_t bv = z->node_byte[first + i], bu = z->tok_byte[j];
-            if (bv < bu) {
-                i++;
-            } else if (bv > bu) {
-                j++;
-            } else {
-                z->stack[2 * sp] = first + i++;
-                z->stack[2 * sp + 1] = j++;
-                sp++;
+            int32_t below = word & LAZY_COUNT;
+            if (below > 0 && next > k + 1) { /* descend: k's children against child's */
+                f += 4;
+                f[0] = next;
+                f[1] = child;
+                f[2] = dag ? 0 : lazy_first_child(z, child);
+                f[3] = f[2] + below;
             }
+            k = below > 0 ? k + 1 : next;
         }
     }
     if ((z->node_word[node] & LAZY_TERMINAL) && z->n_eos > 0) {

@@ -1,29 +1,75 @@
 /* ------------------------------------------------------------------ lazy kernels */
 
-/* TokenTrieTables(children i32, node_byte u8, token_offsets i32, token_ids i32, width): a
- * vocabulary's forward token trie (vocab.token_index.TokenTrie), checked once (children after
- * their parent and in range, offsets ascending, ids inside a row of `width` words) and held for
- * every lazy kernel of that vocabulary, which would otherwise check it again each (a millisecond
- * for a 150K vocabulary: the whole compile of a pattern in the lazy layout). */
-typedef struct {
-    PyObject_HEAD
-    Py_buffer views[4];
-    int held;
-    int ready;
-    Py_ssize_t width;
-} TokenTrieTables;
-
 static void TokenTrieTables_dealloc(TokenTrieTables *self) {
-    for (int i = 0; i < self->held; i++) {
-        PyBuffer_Release(&self->views[i]);
-    }
+    PyMem_Free(self->byte);
+    PyMem_Free(self->skip);
+    PyMem_Free(self->offsets);
+    PyMem_Free(self->ids);
     Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The preorder copy of checked breadth-first arrays (children after their parent): subtree
+ * sizes bottom-up, then each node's children placed after it in one forward pass. */
+static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, const uint8_t *bytes,
+                               const int32_t *offsets, const int32_t *ids, int32_t nt) {
+    int32_t *size = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
+    int32_t *at = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
+    int32_t *level = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
+    self->byte = (uint8_t *)PyMem_Malloc((size_t)nt);
+    self->skip = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
+    self->offsets = (int32_t *)PyMem_Malloc(((size_t)nt + 1) * sizeof(int32_t));
+    self->ids = (int32_t *)PyMem_Malloc(((size_t)offsets[nt] + 1) * sizeof(int32_t));
+    if (!size || !at || !level || !self->byte || !self->skip || !self->offsets || !self->ids) {
+        PyMem_Free(size);
+        PyMem_Free(at);
+        PyMem_Free(level);
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int32_t u = nt - 1; u >= 0; u--) {
+        size[u] = 1;
+        for (int32_t j = children[u]; j < children[u + 1]; j++) {
+            size[u] += size[j];
+        }
+    }
+    at[0] = 0;
+    level[0] = 0;
+    self->byte[0] = 0;
+    int32_t depth = 0;
+    for (int32_t u = 0; u < nt; u++) {
+        int32_t k = at[u] + 1;
+        self->skip[at[u]] = at[u] + size[u];
+        for (int32_t j = children[u]; j < children[u + 1]; j++) {
+            at[j] = k;
+            level[j] = level[u] + 1;
+            depth = level[j] > depth ? level[j] : depth;
+            self->byte[k] = bytes[j];
+            k += size[j];
+        }
+    }
+    self->offsets[0] = 0;
+    for (int32_t u = 0; u < nt; u++) { /* counts by preorder node, then their running sum */
+        self->offsets[at[u] + 1] = offsets[u + 1] - offsets[u];
+    }
+    for (int32_t k = 0; k < nt; k++) {
+        self->offsets[k + 1] += self->offsets[k];
+    }
+    for (int32_t u = 0; u < nt; u++) {
+        memcpy(self->ids + self->offsets[at[u]], ids + offsets[u], (size_t)(offsets[u + 1] - offsets[u]) * 4);
+    }
+    PyMem_Free(size);
+    PyMem_Free(at);
+    PyMem_Free(level);
+    self->nodes = nt;
+    self->depth = depth;
+    return 0;
 }
 
 static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject *kwds) {
     PyObject *objs[4];
+    Py_buffer views[4];
     Py_ssize_t width;
-    if (self->held) {
+    if (self->byte != NULL) {
         PyErr_SetString(PyExc_ValueError, "TokenTrieTables: already initialised");
         return -1;
     }
@@ -32,19 +78,19 @@ static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject 
     }
     static const Py_ssize_t sizes[4] = {4, 1, 4, 4};
     static const char *names[4] = {"children", "node_byte", "token_offsets", "token_ids"};
-    for (int i = 0; i < 4; i++) {
-        if (get_array(objs[i], &self->views[i], sizes[i], names[i]) < 0) {
-            return -1;
+    int held = 0, result = -1;
+    for (; held < 4; held++) {
+        if (get_array(objs[held], &views[held], sizes[held], names[held]) < 0) {
+            goto done;
         }
-        self->held = i + 1;
     }
-    const int32_t *children = (const int32_t *)self->views[0].buf, *offsets = (const int32_t *)self->views[2].buf;
-    const int32_t *ids = (const int32_t *)self->views[3].buf;
-    Py_ssize_t nt = self->views[1].shape[0], n_ids = self->views[3].shape[0];
+    const int32_t *children = (const int32_t *)views[0].buf, *offsets = (const int32_t *)views[2].buf;
+    const int32_t *ids = (const int32_t *)views[3].buf;
+    Py_ssize_t nt = views[1].shape[0], n_ids = views[3].shape[0];
     uint64_t limit = 32 * (uint64_t)width; /* a token's bit lies in the row */
-    int bad = width < 1 || width > ((int64_t)1 << 26) || nt < 1 || self->views[0].shape[0] != nt + 1 ||
-              self->views[2].shape[0] != nt + 1;
-    bad |= bad || offsets[0] != 0 || offsets[nt] != n_ids || children[0] < 1;
+    int bad = width < 1 || width > ((int64_t)1 << 26) || nt < 1 || nt >= INT32_MAX || views[0].shape[0] != nt + 1 ||
+              views[2].shape[0] != nt + 1;
+    bad |= bad || offsets[0] != 0 || offsets[nt] != n_ids || children[0] != 1 || children[nt] != nt; /* a tree */
     for (Py_ssize_t u = 0; !bad && u < nt; u++) {
         int32_t lo = children[u], hi = children[u + 1];
         bad |= hi < lo || hi > nt || (hi > lo && lo <= u) || offsets[u + 1] < offsets[u];
@@ -54,11 +100,19 @@ static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject 
     }
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "token trie arrays out of range or inconsistent");
-        return -1;
+        goto done;
+    }
+    if (token_trie_preorder(self, children, (const uint8_t *)views[1].buf, offsets, ids, (int32_t)nt) < 0) {
+        goto done;
     }
     self->width = width;
     self->ready = 1;
-    return 0;
+    result = 0;
+done:
+    for (int i = 0; i < held; i++) {
+        PyBuffer_Release(&views[i]);
+    }
+    return result;
 }
 
 static PyTypeObject TokenTrieTablesType = {
@@ -124,10 +178,7 @@ static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
     z->child_blocks = (const int32_t *)z->views[2].buf;
     z->terminal_blocks = (const int32_t *)z->views[3].buf;
     z->terminal_values = (const int32_t *)z->views[4].buf;
-    z->tok_children = (const int32_t *)tt->views[0].buf;
-    z->tok_byte = (const uint8_t *)tt->views[1].buf;
-    z->tok_offsets = (const int32_t *)tt->views[2].buf;
-    z->tok_ids = (const int32_t *)tt->views[3].buf;
+    z->tok = tt;
     if (dag) {
         if (get_array(objs[6], &z->views[5], 4, "slot_dest") < 0) {
             PyBuffer_Release(&eos);
@@ -179,6 +230,20 @@ static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
             for (int q = 0; q < 4; q++) {
                 z->dag_rank[4 * a + q] = slot;
                 slot += popcount64(z->dag_bits[4 * a + q]);
+            }
+        }
+        if (!bad && n < DAG_NONE) { /* a small DAG's destinations in one table besides */
+            z->dag_small = (uint8_t *)PyMem_Malloc((size_t)n * 256);
+            if (z->dag_small == NULL) {
+                PyBuffer_Release(&eos);
+                Py_DECREF(self);
+                return PyErr_NoMemory();
+            }
+            memset(z->dag_small, DAG_NONE, (size_t)n * 256);
+            for (Py_ssize_t a = 0, at = 1; a < n; a++) {
+                for (int32_t end = (int32_t)at + (z->node_word[a] & LAZY_COUNT); at < end; at++) {
+                    z->dag_small[256 * a + z->node_byte[at]] = (uint8_t)z->slot_dest[at];
+                }
             }
         }
     }

@@ -74,14 +74,12 @@ static int nfa_eps(Nfa *a, int32_t from, int32_t to) {
     return 0;
 }
 
-/* Adds the node at `pos` as a path start -> end; the position after it, or -1 (a->error or no memory). */
+/* Adds the node at `pos` of a program program_skip has checked as a path start -> end; the
+ * position after it, or -1 (a->error or no memory). (Checked once, not per node: a check per
+ * node read a repeated body's subtree again for every copy and every level above it.) */
 static Py_ssize_t nfa_build(Nfa *a, Py_ssize_t pos, int32_t start, int32_t end, int depth) {
-    Py_ssize_t after = program_skip(a, pos, depth);
-    if (after < 0) {
-        a->error = "program";
-        return -1;
-    }
     const int32_t *p = a->program;
+    Py_ssize_t after = pos + 2;
     int32_t count = p[pos + 1];
     if (p[pos] == PROGRAM_CHARS) {
         Py_ssize_t at = pos + 2;
@@ -104,6 +102,7 @@ static Py_ssize_t nfa_build(Nfa *a, Py_ssize_t pos, int32_t start, int32_t end, 
             }
             at += 1 + 2 * (Py_ssize_t)length;
         }
+        after = at;
     } else if (p[pos] == PROGRAM_CONCAT) {
         Py_ssize_t at = pos + 2;
         int32_t from = start;
@@ -117,6 +116,7 @@ static Py_ssize_t nfa_build(Nfa *a, Py_ssize_t pos, int32_t start, int32_t end, 
         if (count == 0 && nfa_eps(a, start, end) < 0) {
             return -1;
         }
+        after = at;
     } else if (p[pos] == PROGRAM_ALT) {
         Py_ssize_t at = pos + 2;
         for (int32_t i = 0; i < count; i++) {
@@ -124,11 +124,13 @@ static Py_ssize_t nfa_build(Nfa *a, Py_ssize_t pos, int32_t start, int32_t end, 
                 return -1;
             }
         }
+        after = at;
     } else { /* repetition: high copies of the body, the optional ones skippable */
         int32_t low = count, high = p[pos + 2], from = start;
+        after = high == 0 ? program_skip(a, pos + 3, depth + 1) : -1;
         for (int32_t i = 0; i < high; i++) {
             int32_t following = i == high - 1 ? end : nfa_state(a);
-            if (following < 0 || nfa_build(a, pos + 3, from, following, depth + 1) < 0) {
+            if (following < 0 || (after = nfa_build(a, pos + 3, from, following, depth + 1)) < 0) {
                 return -1;
             }
             if (i >= low && nfa_eps(a, from, end) < 0) {
@@ -207,11 +209,11 @@ static int32_t intern(Interned *t, const int32_t *data, int64_t size, int *added
         }
         t->hashes = hashes, t->capacity = capacity;
     }
-    for (int64_t i = 0; i < size; i++) {
-        if (ints_push(&t->pool, 1, data[i], 0, 0, 0) < 0) {
-            return -1;
-        }
+    int64_t end = t->pool.size;
+    if (ints_extend(&t->pool, size) < 0) {
+        return -1;
     }
+    memcpy(t->pool.data + end, data, (size_t)size * sizeof(int32_t));
     int32_t id = t->count++;
     t->hashes[id] = h, t->offsets[id + 1] = t->pool.size;
     t->slots[slot] = id;
@@ -259,7 +261,18 @@ static int64_t nfa_closure(const int64_t *eps_offsets, const int32_t *eps_to, in
             }
         }
     }
-    qsort(out, (size_t)count, sizeof(int32_t), compare_int32);
+    if (count > 32) {
+        qsort(out, (size_t)count, sizeof(int32_t), compare_int32);
+        return count;
+    }
+    for (int64_t i = 1; i < count; i++) { /* most closures are small: no calls per comparison */
+        int32_t state = out[i];
+        int64_t j = i;
+        for (; j > 0 && out[j - 1] > state; j--) {
+            out[j] = out[j - 1];
+        }
+        out[j] = state;
+    }
     return count;
 }
 
@@ -347,7 +360,7 @@ static const char *determinise(const Nfa *a, int32_t max_dfa, int64_t max_work, 
     while (npending) {
         int32_t current = pending[--npending];
         int64_t at = subsets.offsets[current], members = subsets.offsets[current + 1] - at, gathered_count = 0;
-        uint8_t cut[257] = {0};
+        uint64_t cut[5] = {0}; /* bit b: a move's range starts at byte b, or ends before it */
         d->accepting[current] = 0;
         for (int64_t i = 0; i < members; i++) {
             int32_t state = subsets.pool.data[at + i];
@@ -355,7 +368,8 @@ static const char *determinise(const Nfa *a, int32_t max_dfa, int64_t max_work, 
             for (int64_t e = move_offsets[state]; e < move_offsets[state + 1]; e++) {
                 const int32_t *move = a->moves.data + 4 * move_order[e];
                 gathered[gathered_count++] = (int32_t)move_order[e];
-                cut[move[1]] = 1, cut[move[2] + 1] = 1;
+                cut[move[1] / 64] |= (uint64_t)1 << (move[1] % 64);
+                cut[(move[2] + 1) / 64] |= (uint64_t)1 << ((move[2] + 1) % 64);
             }
         }
         work += members + 2 * gathered_count;
@@ -365,9 +379,13 @@ static const char *determinise(const Nfa *a, int32_t max_dfa, int64_t max_work, 
         }
         row.size = 0;
         for (int lo = 0; lo < 256;) {
-            int past = lo + 1;
-            while (past < 256 && !cut[past]) {
-                past++;
+            int past = 256; /* the next cut after lo, or the end */
+            for (int w = (lo + 1) / 64; w < 4; w++) {
+                uint64_t bits = cut[w] & (w == (lo + 1) / 64 ? ~(((uint64_t)1 << ((lo + 1) % 64)) - 1) : ~(uint64_t)0);
+                if (bits) {
+                    past = w * 64 + __builtin_ctzll(bits);
+                    break;
+                }
             }
             /* the targets of the moves covering lo .. past - 1, distinct */
             int64_t raw = 0;
@@ -404,11 +422,11 @@ static const char *determinise(const Nfa *a, int32_t max_dfa, int64_t max_work, 
             lo = past;
         }
         d->rows_at[2 * current] = d->rows.size / 3, d->rows_at[2 * current + 1] = row.size / 3;
-        for (int64_t i = 0; i < row.size; i++) {
-            if (ints_push(&d->rows, 1, row.data[i], 0, 0, 0) < 0) {
-                goto out;
-            }
+        int64_t end = d->rows.size;
+        if (ints_extend(&d->rows, row.size) < 0) {
+            goto out;
         }
+        memcpy(d->rows.data + end, row.data, (size_t)row.size * sizeof(int32_t));
     }
     why = NULL;
 out:
@@ -653,8 +671,10 @@ static PyObject *pattern_dag(PyObject *module, PyObject *args) {
     PyObject *result = NULL, *out[6] = {NULL};
     int status = 0;
     Py_BEGIN_ALLOW_THREADS
-    if (nfa_build(&a, 0, 0, 1, 0) != a.length && a.error == NULL && !a.no_memory) {
-        a.error = "program"; /* trailing entries */
+    if (program_skip(&a, 0, 0) != a.length) {
+        a.error = "program"; /* malformed, or trailing entries */
+    } else {
+        nfa_build(&a, 0, 0, 1, 0);
     }
     why = a.no_memory ? "memory" : a.error;
     if (why == NULL) {
