@@ -34,7 +34,7 @@ typedef struct Entry {
  * jumped through memory at every node: 1.1 ms against 0.3 in preorder. */
 typedef struct TokenTrieTables {
     PyObject_HEAD
-    uint8_t *byte;        /* [nodes] the byte into node k (0 for the root) */
+    uint32_t *byte_depth; /* [nodes] node k's depth << 8 | the byte into it (0 for the root) */
     int32_t *skip;        /* [nodes] the end of k's subtree */
     int32_t *offsets;     /* [nodes + 1] the tokens ending at node k: ids[offsets[k] .. offsets[k + 1]) */
     int32_t *ids;         /* [tokens] */

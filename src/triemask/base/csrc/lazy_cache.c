@@ -128,78 +128,172 @@ static inline int32_t dag_slot(const Lazy *z, int32_t v, uint8_t byte) {
     return z->dag_rank[4 * (int64_t)v + byte / 64] + popcount64(below);
 }
 
+/* The keys of the tokens ending at token-trie node k, as edges to `child` (more than one when
+ * several ids share their bytes); the count written, or -1 for no memory. */
+static inline int64_t lazy_emit(Lazy *z, size_t nk, int32_t k, int32_t child) {
+    const int32_t lo = z->tok->offsets[k], hi = z->tok->offsets[k + 1];
+    if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)(hi - lo) + 1, sizeof(uint64_t)) < 0) {
+        return -1;
+    }
+    for (int32_t i = lo; i < hi; i++) {
+        z->keys[nk + (size_t)(i - lo)] = (uint64_t)(uint32_t)z->tok->ids[i] << 32 | (uint32_t)child;
+    }
+    return hi - lo;
+}
+
 /* A node's edges from scratch: the token trie in preorder (TokenTrieTables), each token-trie
- * node k matched against the value-trie node its parent reached (a frame per depth: the end of
- * the parent's subtree, its node v, and for a trie the cursor in v's children, both lists being
- * in byte order); an unmatched k's subtree is skipped in one jump, and the rest of a parent's
- * once its children are used up. Each token ending at k is an edge node -> the node k reached.
- * (A DAG's nodes the same: its slots lead to shared nodes, a child found by its byte's bit.) */
+ * node k matched against the value-trie node its parent reached, kept by depth (the parent's is
+ * at k's depth - 1, whatever was skipped in between); an unmatched k's subtree is skipped in one
+ * jump. Each token ending at k is an edge node -> the node k reached. The walk of a DAG (a
+ * pattern's automaton) finds a child by its byte in one table or bit lookup, and its loop has
+ * few branches that depend on the data (a wide row visits 70,000 token-trie nodes: branches
+ * mispredicted on each cost more than the lookups); a trie's children are merged with the
+ * token trie's, both in byte order, a cursor per depth, and once they are used up the rest of
+ * the parent's subtree is skipped too. The count of keys, or -1 for no memory. */
+static int64_t lazy_walk_dag(Lazy *z, int32_t node) {
+    /* (locals: the compiler cannot tell that the states and keys written leave these alone) */
+    const uint32_t *byte_depth = z->tok->byte_depth;
+    const int32_t *tok_skip = z->tok->skip, *tok_offsets = z->tok->offsets, *tok_ids = z->tok->ids;
+    const uint8_t *small = z->dag_small;
+    const uint16_t *node_word = z->node_word;
+    const int32_t nodes = z->tok->nodes;
+    int32_t *state = z->stack; /* by depth: the DAG node reached */
+    size_t nk = 0;
+    state[0] = node;
+    for (int32_t k = 1; k < nodes;) {
+        uint32_t depth = byte_depth[k] >> 8, byte = byte_depth[k] & 0xFF;
+        int32_t v = state[depth - 1], child;
+        if (small != NULL) {
+            child = small[256 * v + byte] == DAG_NONE ? -1 : small[256 * v + byte];
+        } else {
+            child = bits_has(z->dag_bits + 4 * (int64_t)v, (uint8_t)byte) ? z->slot_dest[dag_slot(z, v, (uint8_t)byte)]
+                                                                            : -1;
+        }
+        if (child < 0) {
+            k = tok_skip[k];
+            continue;
+        }
+        uint16_t word = node_word[child];
+        int32_t lo = tok_offsets[k], hi = tok_offsets[k + 1];
+        if (nk + 1 > z->keys_cap && grow((void **)&z->keys, &z->keys_cap, nk + 1, sizeof(uint64_t)) < 0) {
+            return -1;
+        }
+        /* the first id written always (ids has one entry spare), counted when it is one */
+        z->keys[nk] = (uint64_t)(uint32_t)tok_ids[lo] << 32 | (uint32_t)child;
+        if (hi - lo > 1 && !(word & LAZY_DEAD)) {
+            int64_t written = lazy_emit(z, nk, k, child);
+            if (written < 0) {
+                return -1;
+            }
+            nk += (size_t)written - 1;
+        }
+        nk += (size_t)(hi > lo && !(word & LAZY_DEAD));
+        state[depth] = child;
+        k = word & LAZY_COUNT ? k + 1 : tok_skip[k];
+    }
+    return (int64_t)nk;
+}
+
+static int64_t lazy_walk_trie(Lazy *z, int32_t node) {
+    const uint32_t *byte_depth = z->tok->byte_depth;
+    const int32_t *tok_skip = z->tok->skip;
+    const uint8_t *node_byte = z->node_byte;
+    const uint16_t *node_word = z->node_word;
+    const int32_t nodes = z->tok->nodes;
+    int32_t *frame = z->stack; /* by depth: the node reached, its next child, its children's end, the subtree's end */
+    size_t nk = 0;
+    frame[0] = node;
+    frame[1] = lazy_first_child(z, node);
+    frame[2] = frame[1] + (node_word[node] & LAZY_COUNT);
+    frame[3] = nodes;
+    for (int32_t k = 1; k < nodes;) {
+        uint32_t depth = byte_depth[k] >> 8;
+        uint8_t byte = (uint8_t)(byte_depth[k] & 0xFF);
+        int32_t *f = frame + 4 * (depth - 1), at = f[1];
+        while (at < f[2] && node_byte[at] < byte) {
+            at++;
+        }
+        if (at == f[2]) { /* the parent's children used up: the rest of its subtree too */
+            k = f[3];
+            continue;
+        }
+        int32_t child = node_byte[at] == byte ? at++ : -1;
+        f[1] = at;
+        if (child < 0) {
+            k = tok_skip[k];
+            continue;
+        }
+        uint16_t word = node_word[child];
+        if (!(word & LAZY_DEAD)) {
+            int64_t written = lazy_emit(z, nk, k, child);
+            if (written < 0) {
+                return -1;
+            }
+            nk += (size_t)written;
+        }
+        int32_t below = word & LAZY_COUNT;
+        if (below > 0 && tok_skip[k] > k + 1) { /* descend: k's children against child's */
+            f += 4;
+            f[0] = child;
+            f[1] = lazy_first_child(z, child);
+            f[2] = f[1] + below;
+            f[3] = tok_skip[k];
+        }
+        k = below > 0 ? k + 1 : tok_skip[k];
+    }
+    return (int64_t)nk;
+}
+
+static inline int popcount32(uint32_t word) {
+    return popcount64(word);
+}
+
+/* A wide node's row, and its edges in token order without sorting them: each token's place is
+ * the number of bits before its own in the row (a count per word, then a popcount), as fast as
+ * writing them (an identifier's first row, 33,000 tokens: 0.13 ms sorted). -1 when the keys
+ * hold a token twice (an EOS id that is a text token too) or no memory: then sort them. */
+static int lazy_place_by_row(const Kernel *self, Entry *e, const uint64_t *keys) {
+    Py_ssize_t width = self->width;
+    int32_t *before = (int32_t *)malloc((size_t)width * sizeof(int32_t));
+    if (before == NULL) {
+        return -1;
+    }
+    memset(e->row, 0, (size_t)width * 4);
+    for (int32_t i = 0; i < e->count; i++) {
+        uint32_t token = (uint32_t)(keys[i] >> 32);
+        e->row[token >> 5] |= 1u << (token & 31);
+    }
+    int32_t total = 0;
+    for (Py_ssize_t w = 0; w < width; w++) {
+        before[w] = total;
+        total += popcount32(e->row[w]);
+    }
+    if (total != e->count) {
+        free(before);
+        return -1;
+    }
+    for (int32_t i = 0; i < e->count; i++) {
+        uint32_t token = (uint32_t)(keys[i] >> 32);
+        int32_t at = before[token >> 5] + popcount32(e->row[token >> 5] & ((1u << (token & 31)) - 1));
+        e->data[at] = (int32_t)token;
+        e->data[e->count + at] = (int32_t)(keys[i] & 0xFFFFFFFFu);
+    }
+    free(before);
+    return 0;
+}
+
 static Entry *lazy_compute(const Kernel *self, int32_t node) {
     Lazy *z = self->lazy;
-    /* (locals: the compiler cannot tell that the frames and keys written leave these alone) */
-    const uint8_t *tok_byte = z->tok->byte, *node_byte = z->node_byte, *small = z->dag_small;
-    const int32_t *tok_skip = z->tok->skip, *tok_offsets = z->tok->offsets, *tok_ids = z->tok->ids;
-    const uint16_t *node_word = z->node_word;
-    const int dag = z->dag_bits != NULL;
-    const int32_t nodes = z->tok->nodes;
     size_t nk = 0;
-    int32_t count = node_word[node] & LAZY_COUNT;
-    if (count > 0) {
+    if (z->node_word[node] & LAZY_COUNT) {
         if (grow((void **)&z->stack, &z->stack_cap, 4 * ((size_t)z->tok->depth + 1), sizeof(int32_t)) < 0) {
             return NULL;
         }
-        int32_t *f = z->stack; /* the innermost frame: subtree end, v, next child slot, v's slot end */
-        f[0] = nodes;
-        f[1] = node;
-        f[2] = dag ? 0 : lazy_first_child(z, node);
-        f[3] = f[2] + count;
-        for (int32_t k = 1; k < nodes;) {
-            while (k >= f[0]) {
-                f -= 4;
-            }
-            uint8_t byte = tok_byte[k];
-            int32_t next = tok_skip[k], child = -1;
-            if (small != NULL) {
-                uint8_t to = small[256 * f[1] + byte];
-                child = to == DAG_NONE ? -1 : to;
-            } else if (dag) {
-                child = bits_has(z->dag_bits + 4 * (int64_t)f[1], byte) ? z->slot_dest[dag_slot(z, f[1], byte)] : -1;
-            } else {
-                int32_t at = f[2];
-                while (at < f[3] && node_byte[at] < byte) {
-                    at++;
-                }
-                if (at == f[3]) { /* v's children used up: the rest of the parent's subtree too */
-                    k = f[0];
-                    continue;
-                }
-                child = node_byte[at] == byte ? at++ : -1;
-                f[2] = at;
-            }
-            if (child < 0) {
-                k = next;
-                continue;
-            }
-            uint16_t word = node_word[child];
-            int32_t lo = tok_offsets[k], hi = tok_offsets[k + 1];
-            if (hi > lo && !(word & LAZY_DEAD)) {
-                if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)(hi - lo), sizeof(uint64_t)) < 0) {
-                    return NULL;
-                }
-                for (int32_t i = lo; i < hi; i++) {
-                    z->keys[nk++] = (uint64_t)(uint32_t)tok_ids[i] << 32 | (uint32_t)child;
-                }
-            }
-            int32_t below = word & LAZY_COUNT;
-            if (below > 0 && next > k + 1) { /* descend: k's children against child's */
-                f += 4;
-                f[0] = next;
-                f[1] = child;
-                f[2] = dag ? 0 : lazy_first_child(z, child);
-                f[3] = f[2] + below;
-            }
-            k = below > 0 ? k + 1 : next;
+        int64_t walked = z->dag_bits != NULL ? lazy_walk_dag(z, node) : lazy_walk_trie(z, node);
+        if (walked < 0) {
+            return NULL;
         }
+        nk = (size_t)walked;
     }
     if ((z->node_word[node] & LAZY_TERMINAL) && z->n_eos > 0) {
         if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)z->n_eos, sizeof(uint64_t)) < 0) {
@@ -210,7 +304,6 @@ static Entry *lazy_compute(const Kernel *self, int32_t node) {
             z->keys[nk++] = (uint64_t)(uint32_t)z->eos[i] << 32 | final;
         }
     }
-    sort_token_keys(z->keys, (int64_t)nk);
     int whole = (int64_t)nk >= self->dense_min;
     size_t bytes = sizeof(Entry) + nk * 2 * sizeof(int32_t) + (whole ? (size_t)self->width * 4 : 0);
     Entry *e = (Entry *)malloc(bytes);
@@ -221,14 +314,11 @@ static Entry *lazy_compute(const Kernel *self, int32_t node) {
     e->node = node;
     e->count = (int32_t)nk;
     e->row = whole ? (uint32_t *)(e->data + 2 * nk) : NULL;
-    for (size_t i = 0; i < nk; i++) {
-        e->data[i] = (int32_t)(z->keys[i] >> 32);
-        e->data[nk + i] = (int32_t)(z->keys[i] & 0xFFFFFFFFu);
-    }
-    if (whole) {
-        memset(e->row, 0, (size_t)self->width * 4);
+    if (!whole || lazy_place_by_row(self, e, z->keys) < 0) {
+        sort_token_keys(z->keys, (int64_t)nk);
         for (size_t i = 0; i < nk; i++) {
-            e->row[(uint32_t)e->data[i] >> 5] |= 1u << ((uint32_t)e->data[i] & 31);
+            e->data[i] = (int32_t)(z->keys[i] >> 32);
+            e->data[nk + i] = (int32_t)(z->keys[i] & 0xFFFFFFFFu);
         }
     }
     if (z->keys_cap > (1u << 16)) { /* the scratch of an unusually wide node: not kept */

@@ -1,7 +1,7 @@
 /* ------------------------------------------------------------------ lazy kernels */
 
 static void TokenTrieTables_dealloc(TokenTrieTables *self) {
-    PyMem_Free(self->byte);
+    PyMem_Free(self->byte_depth);
     PyMem_Free(self->skip);
     PyMem_Free(self->offsets);
     PyMem_Free(self->ids);
@@ -15,11 +15,11 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     int32_t *size = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     int32_t *at = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     int32_t *level = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
-    self->byte = (uint8_t *)PyMem_Malloc((size_t)nt);
+    self->byte_depth = (uint32_t *)PyMem_Malloc((size_t)nt * sizeof(uint32_t));
     self->skip = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     self->offsets = (int32_t *)PyMem_Malloc(((size_t)nt + 1) * sizeof(int32_t));
     self->ids = (int32_t *)PyMem_Malloc(((size_t)offsets[nt] + 1) * sizeof(int32_t));
-    if (!size || !at || !level || !self->byte || !self->skip || !self->offsets || !self->ids) {
+    if (!size || !at || !level || !self->byte_depth || !self->skip || !self->offsets || !self->ids) {
         PyMem_Free(size);
         PyMem_Free(at);
         PyMem_Free(level);
@@ -34,7 +34,7 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     }
     at[0] = 0;
     level[0] = 0;
-    self->byte[0] = 0;
+    self->byte_depth[0] = 0;
     int32_t depth = 0;
     for (int32_t u = 0; u < nt; u++) {
         int32_t k = at[u] + 1;
@@ -43,7 +43,14 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
             at[j] = k;
             level[j] = level[u] + 1;
             depth = level[j] > depth ? level[j] : depth;
-            self->byte[k] = bytes[j];
+            if (depth >= (1 << 24)) { /* (a token of 16 MiB) */
+                PyMem_Free(size);
+                PyMem_Free(at);
+                PyMem_Free(level);
+                PyErr_SetString(PyExc_ValueError, "token trie arrays out of range or inconsistent");
+                return -1;
+            }
+            self->byte_depth[k] = (uint32_t)level[j] << 8 | bytes[j];
             k += size[j];
         }
     }
@@ -69,7 +76,7 @@ static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject 
     PyObject *objs[4];
     Py_buffer views[4];
     Py_ssize_t width;
-    if (self->byte != NULL) {
+    if (self->byte_depth != NULL) {
         PyErr_SetString(PyExc_ValueError, "TokenTrieTables: already initialised");
         return -1;
     }
