@@ -30,6 +30,8 @@ from triemask import (
     Vocabulary,
 )
 from triemask.base import kernels as _kernels
+from triemask.sets.lazy import lazy_dag_arrays
+from triemask.sets.regex import dag_of_pattern
 
 
 def same_automaton(lazy: LazyDagAutomaton, eager: DagAutomaton, seed: int) -> None:
@@ -160,6 +162,46 @@ def test_a_dag_automaton_keeps_its_slots() -> None:
     for layout in ("dag", "lazy"):
         automaton = compiler.compile_regex("a[bc]?", layout=layout)
         assert not hasattr(automaton, "__dict__")
+
+
+@pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pattern=patterns(), dead=st.lists(st.booleans(), min_size=1, max_size=40))
+def test_the_c_layout_of_a_dag_is_the_references(
+    pattern: tuple[str, int], dead: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lazy_dag_layout's arrays equal sets.lazy's NumPy ones, nodes marked dead included."""
+    dag = dag_of_pattern(pattern[0])
+    live = np.resize(~np.asarray(dead), dag.num_nodes)
+    for marks in (None, live):
+        mine = lazy_dag_arrays(dag, marks)
+        with monkeypatch.context() as patch:
+            patch.setattr(_kernels, "KERNELS", None)
+            theirs = lazy_dag_arrays(dag, marks)
+        assert mine.keys() == theirs.keys()
+        for name, array in mine.items():
+            assert array.dtype == theirs[name].dtype and np.array_equal(array, theirs[name]), name
+
+
+@pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")
+def test_the_c_layout_refuses_inconsistent_dags() -> None:
+    native = _kernels.KERNELS
+    assert native is not None
+    dag = dag_of_pattern("(a|b[ab]){1,3}c?")
+    arrays = [dag.source, dag.byte, dag.dest, dag.accepting]
+    n = dag.num_nodes
+    for victim, value in [(0, n), (0, -1), (2, n), (3, n), (3, -5)]:
+        bad = [array.copy() for array in arrays]
+        bad[victim][0] = value
+        with pytest.raises(ValueError, match="out of range"):
+            native.lazy_dag_layout(*bad, n)
+    with pytest.raises(ValueError, match="out of range"):
+        native.lazy_dag_layout(arrays[0], arrays[1][:-1], *arrays[2:], n)
+    with pytest.raises(ValueError, match="out of range"):
+        native.lazy_dag_layout(*arrays, 0)
+    fan = np.zeros(257, np.int32)  # 257 edges out of one node
+    with pytest.raises(ValueError, match="more than 256"):
+        native.lazy_dag_layout(fan, np.zeros(257, np.uint8), np.ones(257, np.int32), np.ones(1, np.int32), 2)
 
 
 @pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")

@@ -83,6 +83,7 @@ static PyMethodDef module_methods[] = {
     {"build_trie", build_trie, METH_VARARGS, "The breadth-first trie of a set of byte strings (see _trie.build_trie)."},
     {"build_hash", build_hash, METH_VARARGS, "The token index's open-addressing table (see _token_index._build_hash)."},
     {"lazy_kernel", lazy_kernel, METH_VARARGS, "A Kernel over a lazy automaton's arrays (see triemask.automata.lazy)."},
+    {"lazy_dag_layout", lazy_dag_layout, METH_VARARGS, "A ByteDag's arrays in the lazy layout (see triemask.sets.lazy)."},
     {"updated_kernel", updated_kernel, METH_VARARGS,
      "A Kernel over an updated set's parts (see triemask.automata.updated)."},
     {"walk_paths", walk_paths, METH_VARARGS, "The values' walks down a trie (see triemask.sets.update._walks)."},

@@ -8,7 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..automata import LAZY_BLOCK, LAZY_DEAD, LAZY_TERMINAL
-from ..base import ByteDag, ByteTrie
+from ..base import ByteDag, ByteTrie, kernels
 
 
 def _node_arrays(
@@ -49,11 +49,25 @@ def lazy_dag_arrays(dag: ByteDag, live: npt.NDArray[np.bool_] | None) -> dict[st
     where a trie's children would be (numbered from 1), ``node_byte`` their bytes and
     ``slot_dest`` the nodes they lead to; a terminal's value is its rank among the accepting
     nodes (the final state ``num_nodes + rank``, as in :class:`~triemask.DagAutomaton`)."""
-    order = np.lexsort((dag.byte, dag.source))  # by source, then byte
+    native = kernels.KERNELS
+    if native is not None:  # the same arrays (this is the reference), without ten NumPy calls
+        built = native.lazy_dag_layout(dag.source, dag.byte, dag.dest, dag.accepting, dag.num_nodes)
+        node_byte, slot_dest, words, child_blocks, terminal_blocks = (
+            np.frombuffer(buffer, dtype=dtype)
+            for buffer, dtype in zip(built, (np.uint8, np.int32, np.uint16, np.int32, np.int32), strict=True)
+        )
+        if live is not None:
+            words |= np.where(live[: dag.num_nodes], np.uint16(0), np.uint16(LAZY_DEAD))
+        node = {"node_word": words, "child_blocks": child_blocks, "terminal_blocks": terminal_blocks}
+    else:
+        order = np.lexsort((dag.byte, dag.source))  # by source, then byte
+        node_byte = np.concatenate(([0], dag.byte[order])).astype(np.uint8)
+        slot_dest = np.concatenate(([0], dag.dest[order])).astype(np.int32)
+        node = _node_arrays(np.bincount(dag.source, minlength=dag.num_nodes), dag.accepting, live)
     return {
-        "node_byte": np.concatenate(([0], dag.byte[order])).astype(np.uint8),
-        "slot_dest": np.concatenate(([0], dag.dest[order])).astype(np.int32),
-        **_node_arrays(np.bincount(dag.source, minlength=dag.num_nodes), dag.accepting, live),
+        "node_byte": node_byte,
+        "slot_dest": slot_dest,
+        **node,
         "terminal_values": np.arange(len(dag.accepting), dtype=np.int32),
         "value_nodes": dag.accepting.astype(np.int32),
     }

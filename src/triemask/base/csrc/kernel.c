@@ -6,6 +6,13 @@
  * tokens. The value trie is stored as one uint16 word per node (child count, terminal flag,
  * dead-end flag) and its byte, with first-child ids and terminal ranks sampled every 64 nodes.
  * The cache is only touched with the GIL held, which makes it thread-safe. */
+/* (a hot loop kept out of line where inlining it into its caller costs it registers) */
+#if defined(__GNUC__)
+#define NOINLINE __attribute__((noinline))
+#else
+#define NOINLINE
+#endif
+
 #define LAZY_COUNT 0x1FFu     /* bits 0-8: number of children (0..256) */
 #define LAZY_DEAD 0x4000u     /* no token sequence completes a value from here: no edge leads in */
 #define LAZY_TERMINAL 0x8000u /* a value ends here */

@@ -150,7 +150,7 @@ static inline int64_t lazy_emit(Lazy *z, size_t nk, int32_t k, int32_t child) {
  * mispredicted on each cost more than the lookups); a trie's children are merged with the
  * token trie's, both in byte order, a cursor per depth, and once they are used up the rest of
  * the parent's subtree is skipped too. The count of keys, or -1 for no memory. */
-static int64_t lazy_walk_dag(Lazy *z, int32_t node) {
+static NOINLINE int64_t lazy_walk_dag(Lazy *z, int32_t node) {
     /* (locals: the compiler cannot tell that the states and keys written leave these alone) */
     const uint32_t *byte_depth = z->tok->byte_depth;
     const int32_t *tok_skip = z->tok->skip, *tok_offsets = z->tok->offsets, *tok_ids = z->tok->ids;
@@ -158,7 +158,8 @@ static int64_t lazy_walk_dag(Lazy *z, int32_t node) {
     const uint16_t *node_word = z->node_word;
     const int32_t nodes = z->tok->nodes;
     int32_t *state = z->stack; /* by depth: the DAG node reached */
-    size_t nk = 0;
+    uint64_t *keys = z->keys;
+    size_t nk = 0, room = z->keys_cap;
     state[0] = node;
     for (int32_t k = 1; k < nodes;) {
         uint32_t depth = byte_depth[k] >> 8, byte = byte_depth[k] & 0xFF;
@@ -175,19 +176,17 @@ static int64_t lazy_walk_dag(Lazy *z, int32_t node) {
         }
         uint16_t word = node_word[child];
         int32_t lo = tok_offsets[k], hi = tok_offsets[k + 1];
-        if (nk + 1 > z->keys_cap && grow((void **)&z->keys, &z->keys_cap, nk + 1, sizeof(uint64_t)) < 0) {
-            return -1;
-        }
-        /* the first id written always (ids has one entry spare), counted when it is one */
-        z->keys[nk] = (uint64_t)(uint32_t)tok_ids[lo] << 32 | (uint32_t)child;
-        if (hi - lo > 1 && !(word & LAZY_DEAD)) {
+        if (nk >= room || (hi - lo > 1 && !(word & LAZY_DEAD))) { /* rare: more room, or ids sharing bytes */
             int64_t written = lazy_emit(z, nk, k, child);
             if (written < 0) {
                 return -1;
             }
-            nk += (size_t)written - 1;
+            keys = z->keys, room = z->keys_cap;
+            nk += word & LAZY_DEAD ? 0 : (size_t)written;
+        } else { /* the first id written always (ids has one entry spare), counted when it is one */
+            keys[nk] = (uint64_t)(uint32_t)tok_ids[lo] << 32 | (uint32_t)child;
+            nk += (size_t)(hi > lo && !(word & LAZY_DEAD));
         }
-        nk += (size_t)(hi > lo && !(word & LAZY_DEAD));
         state[depth] = child;
         k = word & LAZY_COUNT ? k + 1 : tok_skip[k];
     }

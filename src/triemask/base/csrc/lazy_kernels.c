@@ -399,3 +399,111 @@ static PyObject *Kernel_cache_clear(Kernel *self, PyObject *unused) {
     }
     Py_RETURN_NONE;
 }
+
+/* lazy_dag_layout(source i32[E], byte u8[E], dest i32[E], accepting i32[K], num_nodes) ->
+ * (node_byte u8[E + 1], slot_dest i32[E + 1], node_word u16[n], child_blocks i32, terminal_blocks
+ * i32) as bytearrays: a ByteDag's lazy layout (sets.lazy.lazy_dag_arrays, which stays the
+ * reference), its edges by source then byte as slots from 1, each node's word (its edge count,
+ * accepting or not) and the samples every 64th node. Ten NumPy calls took 45 us, a fifth of a
+ * pattern's lazy compile. ValueError for ids out of range or a node with more than 256 edges. */
+static PyObject *lazy_dag_layout(PyObject *module, PyObject *args) {
+    PyObject *objs[4];
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "OOOOn", &objs[0], &objs[1], &objs[2], &objs[3], &n)) {
+        return NULL;
+    }
+    static const Py_ssize_t sizes[4] = {4, 1, 4, 4};
+    static const char *names[4] = {"source", "byte", "dest", "accepting"};
+    Py_buffer views[4];
+    int held = 0;
+    PyObject *out[5] = {NULL}, *result = NULL;
+    int64_t *place = NULL;
+    for (; held < 4; held++) {
+        if (get_array(objs[held], &views[held], sizes[held], names[held]) < 0) {
+            goto done;
+        }
+    }
+    const int32_t *source = (const int32_t *)views[0].buf, *dest = (const int32_t *)views[2].buf;
+    const int32_t *accepting = (const int32_t *)views[3].buf;
+    const uint8_t *byte = (const uint8_t *)views[1].buf;
+    Py_ssize_t edges = views[0].shape[0], k = views[3].shape[0], blocks = (n + 63) / 64;
+    int bad = n < 1 || n >= INT32_MAX || edges >= INT32_MAX || views[1].shape[0] != edges || views[2].shape[0] != edges;
+    for (Py_ssize_t i = 0; !bad && i < edges; i++) {
+        bad |= source[i] < 0 || source[i] >= n || dest[i] < 0 || dest[i] >= n;
+    }
+    for (Py_ssize_t i = 0; !bad && i < k; i++) {
+        bad |= accepting[i] < 0 || accepting[i] >= n;
+    }
+    char *data[5];
+    Py_ssize_t bytes[5] = {edges + 1, 4 * (edges + 1), 2 * n, 4 * (blocks + 1), 4 * (blocks + 1)};
+    for (int i = 0; !bad && i < 5; i++) {
+        if ((out[i] = new_bytes(bytes[i], &data[i])) == NULL) {
+            goto done;
+        }
+    }
+    place = bad ? NULL : (int64_t *)calloc((size_t)n + 1, sizeof(int64_t));
+    if (bad || place == NULL) {
+        if (!bad) {
+            PyErr_NoMemory();
+        } else {
+            PyErr_SetString(PyExc_ValueError, "lazy_dag_layout: a DAG's arrays out of range or inconsistent");
+        }
+        goto done;
+    }
+    uint8_t *node_byte = (uint8_t *)data[0];
+    int32_t *slot_dest = (int32_t *)data[1], *child_blocks = (int32_t *)data[3], *terminal_blocks = (int32_t *)data[4];
+    uint16_t *word = (uint16_t *)data[2];
+    memset(word, 0, (size_t)n * 2);
+    for (Py_ssize_t i = 0; i < edges; i++) { /* counts, then each node's first slot */
+        place[source[i] + 1]++;
+    }
+    for (Py_ssize_t v = 0; v < n; v++) {
+        if (place[v + 1] > 256) {
+            PyErr_SetString(PyExc_ValueError, "lazy_dag_layout: a node with more than 256 edges");
+            goto done;
+        }
+        word[v] = (uint16_t)place[v + 1];
+        place[v + 1] += place[v];
+    }
+    node_byte[0] = 0, slot_dest[0] = 0;
+    for (Py_ssize_t i = 0; i < edges; i++) { /* by source (a counting sort) */
+        int64_t at = 1 + place[source[i]]++;
+        node_byte[at] = byte[i], slot_dest[at] = dest[i];
+    }
+    int64_t first = 1; /* then each node's slots by byte, in place (a few each: insertion) */
+    for (Py_ssize_t v = 0; v < n; v++) {
+        int64_t end = first + word[v];
+        for (int64_t i = first + 1; i < end; i++) {
+            uint8_t b = node_byte[i];
+            int32_t d = slot_dest[i];
+            int64_t j = i;
+            for (; j > first && node_byte[j - 1] > b; j--) {
+                node_byte[j] = node_byte[j - 1], slot_dest[j] = slot_dest[j - 1];
+            }
+            node_byte[j] = b, slot_dest[j] = d;
+        }
+        first = end;
+    }
+    for (Py_ssize_t i = 0; i < k; i++) {
+        word[accepting[i]] |= LAZY_TERMINAL;
+    }
+    int32_t slots = 1, terminals = 0;
+    for (Py_ssize_t v = 0; v < n; v++) {
+        if (v % 64 == 0) {
+            child_blocks[v / 64] = slots, terminal_blocks[v / 64] = terminals;
+        }
+        slots += word[v] & LAZY_COUNT;
+        terminals += (word[v] & LAZY_TERMINAL) != 0;
+    }
+    child_blocks[blocks] = slots, terminal_blocks[blocks] = terminals;
+    result = PyTuple_Pack(5, out[0], out[1], out[2], out[3], out[4]);
+done:
+    free(place);
+    for (int i = 0; i < 5; i++) {
+        Py_XDECREF(out[i]);
+    }
+    for (int i = 0; i < held; i++) {
+        PyBuffer_Release(&views[i]);
+    }
+    return result;
+}

@@ -599,11 +599,6 @@ static int SchemaCore_resolve(SchemaCore *self) {
 
 /* out = from & keep over n words (`from` may be `out`). Kept out of line: GCC vectorises
  * it alone (versioned for aliasing), not once inlined into its caller. */
-#if defined(__GNUC__)
-#define NOINLINE __attribute__((noinline))
-#else
-#define NOINLINE
-#endif
 static NOINLINE void and_words(int32_t *out, const int32_t *from, const int32_t *keep, Py_ssize_t n) {
     for (Py_ssize_t w = 0; w < n; w++) {
         out[w] = from[w] & keep[w];
