@@ -106,6 +106,34 @@ def test_real_patterns_lazy_equal_eager(name: str) -> None:
         assert isinstance(lazy, LazyDagAutomaton) and lazy.pattern == FORMATS[format_name]
 
 
+@pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")
+def test_wide_rows_of_a_lazy_pattern_are_kept_as_rows_alone() -> None:
+    """A DAG's node allowing half the vocabulary or more keeps its row alone (no tokens and
+    dests listed); a step reads the token's bytes down the DAG: the same destination for
+    every token of the vocabulary as the eager automaton's, EOS included, and the same edges."""
+    vocab = real_vocabulary("qwen2").vocab
+    compiler = Compiler(vocab)
+    pattern = "[A-Za-z_][A-Za-z0-9_]{0,5}"
+    eager = compiler.compile_regex(pattern)
+    lazy = compiler.compile_regex(pattern, layout="lazy")
+    assert isinstance(lazy, LazyDagAutomaton)
+    bitmask = np.zeros((1, (vocab.vocab_size + 31) // 32), dtype=np.int32)
+    lazy.fill_bitmask(bitmask, (lazy.initial_state,))
+    wide = len(eager.allowed_token_ids(eager.initial_state))
+    assert wide * 32 >= vocab.vocab_size * 4  # wide enough to be kept whole
+    assert lazy.cache_info()["bytes"] < 2 * bitmask.nbytes + 4096 < 8 * wide  # the row, not its edges
+    for state in (lazy.initial_state, lazy.next_state(lazy.initial_state, int(eager.allowed_token_ids(0)[0]))):
+        tokens = np.arange(vocab.vocab_size)
+        assert [lazy.next_state(state, int(t)) for t in tokens] == [eager.next_state(state, int(t)) for t in tokens]
+        for mine, theirs in zip(lazy.edges(state), eager.edges(state), strict=True):
+            assert np.array_equal(mine, theirs)
+    states = np.asarray([0, 1, 0], dtype=np.int64)
+    for mine, theirs in zip(lazy.allowed_token_pairs(states), eager.allowed_token_pairs(states), strict=True):
+        assert np.array_equal(mine, theirs)
+    final = eager.next_state(1, vocab.eos_token_ids[0])
+    assert final >= eager.num_nodes and lazy.next_state(1, vocab.eos_token_ids[0]) == final
+
+
 def test_a_lazy_pattern_spells_its_text_and_reports_itself(layer: str) -> None:
     compiler = Compiler(byte_vocabulary([b"20", b"-0", b"12"]), disk_cache=False)
     lazy = compiler.compile_format("date", layout="lazy")

@@ -25,7 +25,8 @@ typedef struct Entry {
     size_t bytes;
     uint32_t *row; /* the whole row, for wide nodes, else NULL */
     int32_t node, count;
-    int32_t data[]; /* tokens[count] ascending, then dests[count], then the row */
+    int32_t listed; /* 0: a DAG's wide node, its row alone (see lazy_compute) */
+    int32_t data[]; /* tokens[count] ascending, then dests[count] (when listed), then the row */
 } Entry;
 
 /* TokenTrieTables(children i32, node_byte u8, token_offsets i32, token_ids i32, width): a
@@ -45,6 +46,8 @@ typedef struct TokenTrieTables {
     int32_t *skip;        /* [nodes] the end of k's subtree */
     int32_t *offsets;     /* [nodes + 1] the tokens ending at node k: ids[offsets[k] .. offsets[k + 1]) */
     int32_t *ids;         /* [tokens] */
+    int32_t *parent;      /* [nodes] node k's parent (0 for the root) */
+    int32_t *token_node;  /* [32 * width] the node a token id ends at, or -1: its bytes, read upwards */
     int32_t nodes, depth; /* depth: the longest token, in bytes */
     int ready;
     Py_ssize_t width;
@@ -81,6 +84,8 @@ typedef struct {
     unsigned long long hits, misses, evictions;
     uint64_t *keys; /* scratch of a miss */
     size_t keys_cap;
+    int32_t *listing; /* a row-only node's tokens and dests, listed for edges() and pairs() */
+    size_t listing_cap;
     int32_t *stack; /* the walk's frames, three words each */
     size_t stack_cap;
 } Lazy;
@@ -150,6 +155,7 @@ static void lazy_free(Lazy *z) {
     free(z->transient);
     free(z->buckets);
     free(z->keys);
+    free(z->listing);
     free(z->stack);
     Py_XDECREF(z->token_trie);
     PyMem_Free(z->dag_bits);

@@ -5,13 +5,15 @@ static void TokenTrieTables_dealloc(TokenTrieTables *self) {
     PyMem_Free(self->skip);
     PyMem_Free(self->offsets);
     PyMem_Free(self->ids);
+    PyMem_Free(self->parent);
+    PyMem_Free(self->token_node);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 /* The preorder copy of checked breadth-first arrays (children after their parent): subtree
  * sizes bottom-up, then each node's children placed after it in one forward pass. */
 static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, const uint8_t *bytes,
-                               const int32_t *offsets, const int32_t *ids, int32_t nt) {
+                               const int32_t *offsets, const int32_t *ids, int32_t nt, Py_ssize_t id_count) {
     int32_t *size = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     int32_t *at = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     int32_t *level = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
@@ -19,7 +21,10 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     self->skip = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     self->offsets = (int32_t *)PyMem_Malloc(((size_t)nt + 1) * sizeof(int32_t));
     self->ids = (int32_t *)PyMem_Malloc(((size_t)offsets[nt] + 1) * sizeof(int32_t));
-    if (!size || !at || !level || !self->byte_depth || !self->skip || !self->offsets || !self->ids) {
+    self->parent = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
+    self->token_node = (int32_t *)PyMem_Malloc((size_t)id_count * sizeof(int32_t));
+    if (!size || !at || !level || !self->byte_depth || !self->skip || !self->offsets || !self->ids ||
+        !self->parent || !self->token_node) {
         PyMem_Free(size);
         PyMem_Free(at);
         PyMem_Free(level);
@@ -35,6 +40,7 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     at[0] = 0;
     level[0] = 0;
     self->byte_depth[0] = 0;
+    self->parent[0] = 0;
     int32_t depth = 0;
     for (int32_t u = 0; u < nt; u++) {
         int32_t k = at[u] + 1;
@@ -51,6 +57,7 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
                 return -1;
             }
             self->byte_depth[k] = (uint32_t)level[j] << 8 | bytes[j];
+            self->parent[k] = at[u];
             k += size[j];
         }
     }
@@ -61,8 +68,12 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     for (int32_t k = 0; k < nt; k++) {
         self->offsets[k + 1] += self->offsets[k];
     }
+    memset(self->token_node, 0xFF, (size_t)id_count * sizeof(int32_t));
     for (int32_t u = 0; u < nt; u++) {
         memcpy(self->ids + self->offsets[at[u]], ids + offsets[u], (size_t)(offsets[u + 1] - offsets[u]) * 4);
+        for (int32_t i = offsets[u]; i < offsets[u + 1]; i++) { /* (ids checked inside the row) */
+            self->token_node[ids[i]] = at[u];
+        }
     }
     PyMem_Free(size);
     PyMem_Free(at);
@@ -109,7 +120,7 @@ static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject 
         PyErr_SetString(PyExc_ValueError, "token trie arrays out of range or inconsistent");
         goto done;
     }
-    if (token_trie_preorder(self, children, (const uint8_t *)views[1].buf, offsets, ids, (int32_t)nt) < 0) {
+    if (token_trie_preorder(self, children, (const uint8_t *)views[1].buf, offsets, ids, (int32_t)nt, 32 * width) < 0) {
         goto done;
     }
     self->width = width;
@@ -293,7 +304,7 @@ static PyObject *Kernel_edges(Kernel *self, PyObject *const *args, Py_ssize_t na
         Py_RETURN_NONE;
     }
     Edges e;
-    if (node_edges(self, node, &e) < 0) {
+    if (node_edges(self, node, &e) < 0 || listed_edges(self, node, &e) < 0) {
         return PyErr_NoMemory();
     }
     char *tokens_data, *dests_data;

@@ -39,10 +39,78 @@ static inline int node_edges(const Kernel *self, int64_t node, Edges *out) {
         }
         lazy_insert(z, e);
     }
-    out->tokens = e->data;
-    out->dests = e->data + e->count;
+    out->tokens = e->listed ? e->data : NULL;
+    out->dests = e->listed ? e->data + e->count : NULL;
     out->count = e->count;
     out->row = e->row;
+    return 0;
+}
+
+/* A DAG node's child on `byte`, or -1. */
+static inline int32_t dag_child(const Lazy *z, int32_t v, uint8_t byte) {
+    if (z->dag_small != NULL) {
+        uint8_t to = z->dag_small[256 * v + byte];
+        return to == DAG_NONE ? -1 : to;
+    }
+    return bits_has(z->dag_bits + 4 * (int64_t)v, byte) ? z->slot_dest[dag_slot(z, v, byte)] : -1;
+}
+
+/* Where `token` leads from a DAG's node whose edges are its row alone: the row says whether;
+ * EOS leads to the node's final state; a text token's bytes, read up the token trie, walked
+ * down the DAG say where (its length in lookups, as a binary search in the listed tokens). */
+static int32_t row_edge_to(const Kernel *self, int32_t node, const Edges *e, int64_t token) {
+    const Lazy *z = self->lazy;
+    if (token < 0 || token >= 32 * (int64_t)self->width || !(e->row[token >> 5] >> (token & 31) & 1)) {
+        return -1;
+    }
+    if (z->node_word[node] & LAZY_TERMINAL) {
+        for (Py_ssize_t i = 0; i < z->n_eos; i++) {
+            if (z->eos[i] == token) {
+                return (int32_t)(self->num_nodes + lazy_value_index(z, node));
+            }
+        }
+    }
+    const TokenTrieTables *tok = z->tok;
+    int32_t k = tok->token_node[token], depth = k > 0 ? (int32_t)(tok->byte_depth[k] >> 8) : 0;
+    uint8_t stack_buffer[256], *spelled = depth <= 256 ? stack_buffer : (uint8_t *)malloc((size_t)depth);
+    if (spelled == NULL) {
+        return NO_MEMORY;
+    }
+    for (int32_t i = depth - 1; i >= 0; i--, k = tok->parent[k]) {
+        spelled[i] = (uint8_t)(tok->byte_depth[k] & 0xFF);
+    }
+    int32_t v = depth > 0 ? node : -1;
+    for (int32_t i = 0; i < depth && v >= 0; i++) {
+        v = dag_child(z, v, spelled[i]);
+    }
+    if (spelled != stack_buffer) {
+        free(spelled);
+    }
+    return v;
+}
+
+/* A row-only node's edges listed (tokens ascending, dests), in the kernel's scratch until the
+ * next call, for edges() and pairs(); nothing to do for listed nodes. 0, or -1 for no memory. */
+static int listed_edges(const Kernel *self, int64_t node, Edges *e) {
+    Lazy *z = self->lazy;
+    if (e->tokens != NULL) {
+        return 0;
+    }
+    if (grow((void **)&z->listing, &z->listing_cap, 2 * (size_t)e->count + 1, sizeof(int32_t)) < 0) {
+        return -1;
+    }
+    int32_t at = 0;
+    for (Py_ssize_t w = 0; w < self->width && at < e->count; w++) {
+        for (uint32_t bits = e->row[w]; bits != 0 && at < e->count; bits &= bits - 1) {
+            int32_t token = (int32_t)(w * 32 + __builtin_ctz(bits)), to = row_edge_to(self, (int32_t)node, e, token);
+            if (to == NO_MEMORY) {
+                return -1;
+            }
+            z->listing[at] = token, z->listing[e->count + at] = to;
+            at++;
+        }
+    }
+    e->tokens = z->listing, e->dests = z->listing + e->count;
     return 0;
 }
 
@@ -79,7 +147,7 @@ static inline int32_t plain_next(const Kernel *self, int64_t state, int64_t toke
     if (node_edges(self, state, &e) < 0) {
         return NO_MEMORY;
     }
-    return edge_to(&e, token);
+    return e.tokens != NULL ? edge_to(&e, token) : row_edge_to(self, (int32_t)state, &e, token);
 }
 
 /* The row of a node allowing a large part of the vocabulary, stored whole, or NULL. */
@@ -657,7 +725,7 @@ static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t na
         for (Py_ssize_t i = 0; i < states.size && !failed; i++) {
             if (s[i] >= 0 && s[i] < self->num_nodes) {
                 /* a lazy node evicted since the count is rebuilt: the same edges again */
-                failed = node_edges(self, s[i], &e) < 0;
+                failed = node_edges(self, s[i], &e) < 0 || listed_edges(self, s[i], &e) < 0;
                 if (!failed) {
                     memcpy(tokens + at, e.tokens, (size_t)e.count * sizeof(int32_t));
                     for (int32_t k = 0; k < e.count; k++) {
