@@ -156,6 +156,7 @@ PyMODINIT_FUNC PyInit__native(void) {
         PyType_Ready(&TokenTrieTablesType) < 0) {
         return NULL;
     }
+    byte_groups_init();
     str_next_reference = PyUnicode_InternFromString("_next_state_reference");
     str_fill_bitmask_reference = PyUnicode_InternFromString("_fill_bitmask_reference");
     str_rows = PyUnicode_InternFromString("rows");

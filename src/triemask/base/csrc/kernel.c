@@ -17,6 +17,37 @@
 #define LAZY_DEAD 0x4000u     /* no token sequence completes a value from here: no edge leads in */
 #define LAZY_TERMINAL 0x8000u /* a value ends here */
 #define DAG_NONE 0xFFu        /* no edge, in Lazy.dag_small */
+#define RUN_MAX 48            /* the longest run of a small DAG held (Lazy.run_mask) */
+
+/* Bytes in 54 groups: each ASCII punctuation character and digit alone, letters in eights
+ * (a-f g-m n-s t-z, the same upper case), the controls, UTF-8 continuation and lead bytes. A
+ * regex class is most often a union of groups, which lets a walk test a token-trie subtree's
+ * bytes against it in one AND (TokenTrieTables.below). */
+static int byte_group_of(int b) {
+    if (b < 32 || b == 127) {
+        return 0;
+    }
+    if (b >= 0x80) {
+        return b < 0xC0 ? 1 : 2;
+    }
+    if ((b >= 'a' && b <= 'z') || (b >= 'A' && b <= 'Z')) {
+        int lower = b | 0x20, quarter = lower <= 'f' ? 0 : lower <= 'm' ? 1 : lower <= 's' ? 2 : 3;
+        return 3 + (b >= 'a' ? 4 : 0) + quarter;
+    }
+    /* the rest of ASCII, 32 .. 126 less the letters: 43 characters, one group each */
+    return 11 + (b < 'A' ? b - 32 : b < 'a' ? b - 32 - 26 : b - 32 - 52);
+}
+
+static uint8_t BYTE_GROUP[256];
+static int BYTE_GROUP_SIZE[64];
+
+/* (once, with the GIL held: the module's loading) */
+static void byte_groups_init(void) {
+    for (int b = 0; b < 256; b++) {
+        BYTE_GROUP[b] = (uint8_t)byte_group_of(b);
+        BYTE_GROUP_SIZE[BYTE_GROUP[b]]++;
+    }
+}
 #define NO_MEMORY INT32_MIN   /* next_of's answer when a lazy node's edges could not be built */
 
 typedef struct Entry {
@@ -47,8 +78,17 @@ typedef struct TokenTrieTables {
     int32_t *offsets;     /* [nodes + 1] the tokens ending at node k: ids[offsets[k] .. offsets[k + 1]) */
     int32_t *ids;         /* [tokens] */
     int32_t *parent;      /* [nodes] node k's parent (0 for the root) */
+    uint64_t *below;      /* [nodes] the groups (BYTE_GROUP) of the bytes below node k */
+    uint8_t *height;      /* [nodes] the longest path below node k, in bytes (at most 255) */
     int32_t *token_node;  /* [32 * width] the node a token id ends at, or -1: its bytes, read upwards */
     int32_t nodes, depth; /* depth: the longest token, in bytes */
+    /* a miss's scratch, shared by the vocabulary's lazy kernels (a miss runs with the GIL held
+     * from start to end): kept from one kernel to the next, so that a new pattern's wide first
+     * row does not grow it again from nothing (an identifier's first mask 0.38 -> 0.32 ms) */
+    uint64_t *keys;
+    size_t keys_cap;
+    int32_t *stack;
+    size_t stack_cap;
     int ready;
     Py_ssize_t width;
 } TokenTrieTables;
@@ -57,7 +97,7 @@ typedef struct {
     Py_buffer views[6]; /* node_byte, node_word, child_blocks, terminal_blocks, terminal_values, slot_dest */
     int held;
     PyObject *token_trie; /* TokenTrieTables (owned); `tok` the same, typed */
-    const TokenTrieTables *tok;
+    TokenTrieTables *tok; /* (its scratch written by misses) */
     /* A trie's node v has children first(v) .. first(v) + count - 1, node_byte[child] the byte
      * into each. A DAG (a pattern's automaton) numbers its out-edges instead, "slots" in the
      * same places, node_byte by slot; slot_dest[slot] the node an edge leads to (NULL: a trie,
@@ -72,6 +112,11 @@ typedef struct {
      * node (DAG_NONE: no edge), one load where the bits take a dozen dependent operations (an
      * identifier pattern's widest walk 13% faster) */
     uint8_t *dag_small;
+    /* and its runs: run_node[c * (RUN_MAX + 1) + m] the node m bytes below c where every byte of
+     * a group in run_mask[same] leads to one node at each step (DAG_NONE past the run), so that a
+     * token-trie subtree whose bytes are all in those groups is matched whole (see lazy_walk_dag) */
+    uint64_t *run_mask;
+    uint8_t *run_node;
     const uint8_t *node_byte;
     const uint16_t *node_word;
     const int32_t *child_blocks, *terminal_blocks, *terminal_values;
@@ -82,12 +127,8 @@ typedef struct {
     size_t entries, bytes, limit;
     Entry *newest, *oldest, *transient; /* transient: a row larger than the bound, kept for one call */
     unsigned long long hits, misses, evictions;
-    uint64_t *keys; /* scratch of a miss */
-    size_t keys_cap;
     int32_t *listing; /* a row-only node's tokens and dests, listed for edges() and pairs() */
     size_t listing_cap;
-    int32_t *stack; /* the walk's frames, three words each */
-    size_t stack_cap;
 } Lazy;
 
 /* An updated set (UpdatedTrieAutomaton): its base automaton's Kernel, the delta's (the added
@@ -154,13 +195,13 @@ static void lazy_free(Lazy *z) {
     }
     free(z->transient);
     free(z->buckets);
-    free(z->keys);
     free(z->listing);
-    free(z->stack);
     Py_XDECREF(z->token_trie);
     PyMem_Free(z->dag_bits);
     PyMem_Free(z->dag_rank);
     PyMem_Free(z->dag_small);
+    PyMem_Free(z->run_mask);
+    PyMem_Free(z->run_node);
     for (int i = 0; i < z->held; i++) {
         PyBuffer_Release(&z->views[i]);
     }

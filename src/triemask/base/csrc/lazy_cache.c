@@ -132,11 +132,11 @@ static inline int32_t dag_slot(const Lazy *z, int32_t v, uint8_t byte) {
  * several ids share their bytes); the count written, or -1 for no memory. */
 static inline int64_t lazy_emit(Lazy *z, size_t nk, int32_t k, int32_t child) {
     const int32_t lo = z->tok->offsets[k], hi = z->tok->offsets[k + 1];
-    if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)(hi - lo) + 1, sizeof(uint64_t)) < 0) {
+    if (grow((void **)&z->tok->keys, &z->tok->keys_cap, nk + (size_t)(hi - lo) + 1, sizeof(uint64_t)) < 0) {
         return -1;
     }
     for (int32_t i = lo; i < hi; i++) {
-        z->keys[nk + (size_t)(i - lo)] = (uint64_t)(uint32_t)z->tok->ids[i] << 32 | (uint32_t)child;
+        z->tok->keys[nk + (size_t)(i - lo)] = (uint64_t)(uint32_t)z->tok->ids[i] << 32 | (uint32_t)child;
     }
     return hi - lo;
 }
@@ -155,11 +155,12 @@ static NOINLINE int64_t lazy_walk_dag(Lazy *z, int32_t node) {
     const uint32_t *byte_depth = z->tok->byte_depth;
     const int32_t *tok_skip = z->tok->skip, *tok_offsets = z->tok->offsets, *tok_ids = z->tok->ids;
     const uint8_t *small = z->dag_small;
+    const uint64_t *run_mask = z->run_mask;
     const uint16_t *node_word = z->node_word;
     const int32_t nodes = z->tok->nodes;
-    int32_t *state = z->stack; /* by depth: the DAG node reached */
-    uint64_t *keys = z->keys;
-    size_t nk = 0, room = z->keys_cap;
+    int32_t *state = z->tok->stack; /* by depth: the DAG node reached */
+    uint64_t *keys = z->tok->keys;
+    size_t nk = 0, room = z->tok->keys_cap;
     state[0] = node;
     for (int32_t k = 1; k < nodes;) {
         uint32_t depth = byte_depth[k] >> 8, byte = byte_depth[k] & 0xFF;
@@ -181,14 +182,37 @@ static NOINLINE int64_t lazy_walk_dag(Lazy *z, int32_t node) {
             if (written < 0) {
                 return -1;
             }
-            keys = z->keys, room = z->keys_cap;
+            keys = z->tok->keys, room = z->tok->keys_cap;
             nk += word & LAZY_DEAD ? 0 : (size_t)written;
         } else { /* the first id written always (ids has one entry spare), counted when it is one */
             keys[nk] = (uint64_t)(uint32_t)tok_ids[lo] << 32 | (uint32_t)child;
             nk += (size_t)(hi > lo && !(word & LAZY_DEAD));
         }
         state[depth] = child;
-        k = word & LAZY_COUNT ? k + 1 : tok_skip[k];
+        int32_t end = tok_skip[k], height = z->tok->height[k];
+        if (run_mask != NULL && word & LAZY_COUNT && height <= RUN_MAX && end > k + 1 &&
+            (z->tok->below[k] & ~run_mask[child * (RUN_MAX + 1) + height]) == 0) {
+            /* every byte below k leads on down child's run: k's subtree matched whole, each token
+             * to the run's node at its depth */
+            const uint8_t *run = z->run_node + child * (RUN_MAX + 1);
+            size_t most = nk + (size_t)(tok_offsets[end] - tok_offsets[k + 1]) + 1;
+            if (most > room && grow((void **)&z->tok->keys, &z->tok->keys_cap, most, sizeof(uint64_t)) < 0) {
+                return -1;
+            }
+            keys = z->tok->keys, room = z->tok->keys_cap;
+            for (int32_t j = k + 1; j < end; j++) { /* (the first id written always, as above) */
+                int32_t to = run[(byte_depth[j] >> 8) - depth], lo = tok_offsets[j], hi = tok_offsets[j + 1];
+                int live = !(node_word[to] & LAZY_DEAD);
+                keys[nk] = (uint64_t)(uint32_t)tok_ids[lo] << 32 | (uint32_t)to;
+                nk += (size_t)(hi > lo && live);
+                for (int32_t i = lo + 1; i < hi && live; i++) {
+                    keys[nk++] = (uint64_t)(uint32_t)tok_ids[i] << 32 | (uint32_t)to;
+                }
+            }
+            k = end;
+            continue;
+        }
+        k = word & LAZY_COUNT ? k + 1 : end;
     }
     return (int64_t)nk;
 }
@@ -199,7 +223,7 @@ static int64_t lazy_walk_trie(Lazy *z, int32_t node) {
     const uint8_t *node_byte = z->node_byte;
     const uint16_t *node_word = z->node_word;
     const int32_t nodes = z->tok->nodes;
-    int32_t *frame = z->stack; /* by depth: the node reached, its next child, its children's end, the subtree's end */
+    int32_t *frame = z->tok->stack; /* by depth: the node reached, its next slot, its slots' end, the subtree's end */
     size_t nk = 0;
     frame[0] = node;
     frame[1] = lazy_first_child(z, node);
@@ -285,7 +309,7 @@ static Entry *lazy_compute(const Kernel *self, int32_t node) {
     Lazy *z = self->lazy;
     size_t nk = 0;
     if (z->node_word[node] & LAZY_COUNT) {
-        if (grow((void **)&z->stack, &z->stack_cap, 4 * ((size_t)z->tok->depth + 1), sizeof(int32_t)) < 0) {
+        if (grow((void **)&z->tok->stack, &z->tok->stack_cap, 4 * ((size_t)z->tok->depth + 1), sizeof(int32_t)) < 0) {
             return NULL;
         }
         int64_t walked = z->dag_bits != NULL ? lazy_walk_dag(z, node) : lazy_walk_trie(z, node);
@@ -295,12 +319,12 @@ static Entry *lazy_compute(const Kernel *self, int32_t node) {
         nk = (size_t)walked;
     }
     if ((z->node_word[node] & LAZY_TERMINAL) && z->n_eos > 0) {
-        if (grow((void **)&z->keys, &z->keys_cap, nk + (size_t)z->n_eos, sizeof(uint64_t)) < 0) {
+        if (grow((void **)&z->tok->keys, &z->tok->keys_cap, nk + (size_t)z->n_eos, sizeof(uint64_t)) < 0) {
             return NULL;
         }
         uint32_t final = (uint32_t)(self->num_nodes + lazy_value_index(z, node));
         for (Py_ssize_t i = 0; i < z->n_eos; i++) {
-            z->keys[nk++] = (uint64_t)(uint32_t)z->eos[i] << 32 | final;
+            z->tok->keys[nk++] = (uint64_t)(uint32_t)z->eos[i] << 32 | final;
         }
     }
     int whole = (int64_t)nk >= self->dense_min;
@@ -321,29 +345,29 @@ static Entry *lazy_compute(const Kernel *self, int32_t node) {
     if (!listed) {
         memset(e->row, 0, (size_t)self->width * 4);
         for (size_t i = 0; i < nk; i++) {
-            uint32_t token = (uint32_t)(z->keys[i] >> 32);
+            uint32_t token = (uint32_t)(z->tok->keys[i] >> 32);
             e->row[token >> 5] |= 1u << (token & 31);
         }
         e->count = 0; /* the tokens, once each (an EOS id that is a text token too counts once) */
         for (Py_ssize_t w = 0; w < self->width; w++) {
             e->count += popcount32(e->row[w]);
         }
-    } else if (!whole || lazy_place_by_row(self, e, z->keys) < 0) {
-        sort_token_keys(z->keys, (int64_t)nk);
+    } else if (!whole || lazy_place_by_row(self, e, z->tok->keys) < 0) {
+        sort_token_keys(z->tok->keys, (int64_t)nk);
         for (size_t i = 0; i < nk; i++) {
-            e->data[i] = (int32_t)(z->keys[i] >> 32);
-            e->data[nk + i] = (int32_t)(z->keys[i] & 0xFFFFFFFFu);
+            e->data[i] = (int32_t)(z->tok->keys[i] >> 32);
+            e->data[nk + i] = (int32_t)(z->tok->keys[i] & 0xFFFFFFFFu);
         }
     }
-    if (z->keys_cap > (1u << 16)) { /* the scratch of an unusually wide node: not kept */
-        free(z->keys);
-        z->keys = NULL;
-        z->keys_cap = 0;
+    if (z->tok->keys_cap > (1u << 16)) { /* the scratch of an unusually wide node: not kept */
+        free(z->tok->keys);
+        z->tok->keys = NULL;
+        z->tok->keys_cap = 0;
     }
-    if (z->stack_cap > (1u << 16)) {
-        free(z->stack);
-        z->stack = NULL;
-        z->stack_cap = 0;
+    if (z->tok->stack_cap > (1u << 16)) {
+        free(z->tok->stack);
+        z->tok->stack = NULL;
+        z->tok->stack_cap = 0;
     }
     return e;
 }

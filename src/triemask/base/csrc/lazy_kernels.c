@@ -7,6 +7,10 @@ static void TokenTrieTables_dealloc(TokenTrieTables *self) {
     PyMem_Free(self->ids);
     PyMem_Free(self->parent);
     PyMem_Free(self->token_node);
+    PyMem_Free(self->below);
+    PyMem_Free(self->height);
+    free(self->keys);
+    free(self->stack);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -23,8 +27,10 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     self->ids = (int32_t *)PyMem_Malloc(((size_t)offsets[nt] + 1) * sizeof(int32_t));
     self->parent = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     self->token_node = (int32_t *)PyMem_Malloc((size_t)id_count * sizeof(int32_t));
+    self->below = (uint64_t *)PyMem_Calloc((size_t)nt, sizeof(uint64_t));
+    self->height = (uint8_t *)PyMem_Calloc((size_t)nt, 1);
     if (!size || !at || !level || !self->byte_depth || !self->skip || !self->offsets || !self->ids ||
-        !self->parent || !self->token_node) {
+        !self->parent || !self->token_node || !self->below || !self->height) {
         PyMem_Free(size);
         PyMem_Free(at);
         PyMem_Free(level);
@@ -74,6 +80,12 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
         for (int32_t i = offsets[u]; i < offsets[u + 1]; i++) { /* (ids checked inside the row) */
             self->token_node[ids[i]] = at[u];
         }
+    }
+    for (int32_t k = nt - 1; k > 0; k--) { /* children after their parent: the summaries bottom-up */
+        int32_t up = self->parent[k];
+        self->below[up] |= self->below[k] | (uint64_t)1 << BYTE_GROUP[self->byte_depth[k] & 0xFF];
+        int height = self->height[k] < 255 ? self->height[k] + 1 : 255;
+        self->height[up] = (uint8_t)(height > self->height[up] ? height : self->height[up]);
     }
     PyMem_Free(size);
     PyMem_Free(at);
@@ -144,6 +156,54 @@ static PyTypeObject TokenTrieTablesType = {
     .tp_dealloc = (destructor)TokenTrieTables_dealloc,
 };
 
+/* A small DAG's runs (Lazy.run_mask, run_node): for each node c, the byte groups all of whose
+ * bytes lead to one node, the one most groups lead to (c's run step; none when no group is
+ * whole), and down the steps, the groups whole at every one of the first m (deeper nodes first:
+ * a step leads down a level). 0, or -1 for no memory. */
+static int dag_runs(Lazy *z, Py_ssize_t n) {
+    z->run_mask = (uint64_t *)PyMem_Malloc((size_t)n * (RUN_MAX + 1) * sizeof(uint64_t));
+    z->run_node = (uint8_t *)PyMem_Malloc((size_t)n * (RUN_MAX + 1));
+    int32_t *first = (int32_t *)PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
+    if (z->run_mask == NULL || z->run_node == NULL || first == NULL) {
+        PyMem_Free(first);
+        return -1;
+    }
+    first[0] = 1;
+    for (Py_ssize_t c = 0; c < n; c++) {
+        first[c + 1] = first[c] + (z->node_word[c] & LAZY_COUNT);
+    }
+    for (Py_ssize_t c = n - 1; c >= 0; c--) {
+        uint8_t to[64];
+        int count[64] = {0}, mixed[64] = {0}, covered[DAG_NONE] = {0}, best = DAG_NONE;
+        for (int32_t at = first[c]; at < first[c + 1]; at++) { /* whole: all its bytes lead to one node */
+            int g = BYTE_GROUP[z->node_byte[at]];
+            mixed[g] |= count[g]++ > 0 && to[g] != z->slot_dest[at];
+            to[g] = (uint8_t)z->slot_dest[at];
+        }
+        uint64_t whole = 0;
+        for (int g = 0; g < 64; g++) {
+            if (count[g] == BYTE_GROUP_SIZE[g] && count[g] > 0 && !mixed[g]) {
+                whole |= (uint64_t)1 << g;
+                covered[to[g]] += count[g];
+                best = best == DAG_NONE || covered[to[g]] > covered[best] ? to[g] : best;
+            }
+        }
+        uint64_t mask = 0;
+        for (int g = 0; g < 64; g++) {
+            mask |= whole >> g & 1 && to[g] == best ? (uint64_t)1 << g : 0;
+        }
+        uint64_t *runs = z->run_mask + c * (RUN_MAX + 1);
+        uint8_t *nodes = z->run_node + c * (RUN_MAX + 1);
+        runs[0] = ~(uint64_t)0, nodes[0] = (uint8_t)c;
+        for (int m = 1; m <= RUN_MAX; m++) { /* best > c: its runs are made */
+            runs[m] = best == DAG_NONE ? 0 : mask & z->run_mask[best * (RUN_MAX + 1) + m - 1];
+            nodes[m] = best == DAG_NONE ? DAG_NONE : z->run_node[best * (RUN_MAX + 1) + m - 1];
+        }
+    }
+    PyMem_Free(first);
+    return 0;
+}
+
 /* lazy_kernel(node_byte u8, node_word u16, child_blocks i32, terminal_blocks i32,
  *             terminal_values i32, token_trie TokenTrieTables, eos_ids i32, num_nodes,
  *             num_states, width, dense_min, cache_bytes, slot_dest) -> Kernel
@@ -196,7 +256,7 @@ static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
     z->child_blocks = (const int32_t *)z->views[2].buf;
     z->terminal_blocks = (const int32_t *)z->views[3].buf;
     z->terminal_values = (const int32_t *)z->views[4].buf;
-    z->tok = tt;
+    z->tok = (TokenTrieTables *)token_trie;
     if (dag) {
         if (get_array(objs[6], &z->views[5], 4, "slot_dest") < 0) {
             PyBuffer_Release(&eos);
@@ -262,6 +322,11 @@ static PyObject *lazy_kernel(PyObject *module, PyObject *args) {
                 for (int32_t end = (int32_t)at + (z->node_word[a] & LAZY_COUNT); at < end; at++) {
                     z->dag_small[256 * a + z->node_byte[at]] = (uint8_t)z->slot_dest[at];
                 }
+            }
+            if (dag_runs(z, n) < 0) {
+                PyBuffer_Release(&eos);
+                Py_DECREF(self);
+                return PyErr_NoMemory();
             }
         }
     }
