@@ -10,6 +10,16 @@ trie bounds it), so a node's edges are found on first use, cached, and the same 
 (microseconds to a fraction of a millisecond), the first mask one node's walk: for languages
 that allow much of the vocabulary at many positions (semver, IPv6: hundreds of thousands of
 edges in all, tens or hundreds at the start) the first mask comes far sooner.
+
+The C kernel keeps, for a DAG of under 255 nodes, each node's destination by byte in one table
+and its *runs*: with the bytes in 54 groups (each ASCII digit and punctuation character, letters
+in eights, ...), the node that every byte of a group leads to at each step. The vocabulary's
+token trie keeps the groups of the bytes below each of its nodes, so a token-trie subtree whose
+bytes all lead down a run (the letters and digits below ``"get"`` in an identifier) is matched
+whole, each token to the run's node at its length, without a lookup per byte: an identifier's
+first row, 33,000 tokens of Qwen2.5's 151,000, in 0.16 ms. A node allowing half the vocabulary
+or more keeps its row alone (a step reads the token's bytes down the DAG), a twentieth of its
+tokens and destinations listed.
 """
 
 from __future__ import annotations
@@ -24,7 +34,11 @@ from .dag import DagLanguage
 from .forced import ForcedChains
 from .lazy import LazyTrieAutomaton
 
-_KERNEL_BYTES_PER_NODE = 48  # the C kernel's out-byte bits (32) and their slots by word (16)
+# What the C kernel keeps a node (lazy_kernels.c): its out-bytes as bits (32) and their slots
+# by word (16); in a DAG of under 255 nodes, its destinations by byte (256) and its runs (49
+# steps of a group mask and a node: 441)
+_KERNEL_BYTES_PER_NODE = 48
+_SMALL_DAG_NODES, _SMALL_DAG_BYTES_PER_NODE = 255, 256 + 49 * 9
 
 
 class LazyDagAutomaton(DagLanguage, LazyTrieAutomaton):
@@ -69,9 +83,13 @@ class LazyDagAutomaton(DagLanguage, LazyTrieAutomaton):
 
     @property
     def memory_bytes(self) -> int:
-        """Bytes held by the automaton's arrays, the kernel's lookup of a node's children by
-        byte (48 a node) and, now, the cache (the shared token trie excluded)."""
-        return super().memory_bytes + (_KERNEL_BYTES_PER_NODE * self._num_nodes if self._kernel is not None else 0)
+        """Bytes held by the automaton's arrays, the kernel's lookups of a node's children by
+        byte (48 a node; 745 in a DAG of under 255 nodes) and, now, the cache (the shared token
+        trie excluded)."""
+        if self._kernel is None:
+            return super().memory_bytes
+        per_node = _KERNEL_BYTES_PER_NODE + (_SMALL_DAG_BYTES_PER_NODE if self._num_nodes < _SMALL_DAG_NODES else 0)
+        return super().memory_bytes + per_node * self._num_nodes
 
     def _token_text(self, token: int) -> bytes:
         lengths, offsets, data = self._token_bytes

@@ -363,6 +363,19 @@ static int ints_extend(Int32s *v, int64_t count) {
     return 0;
 }
 
+/* `count` entries of `data` appended (none: `data` not read, which may then be NULL). */
+static int ints_concat(Int32s *v, const int32_t *data, int64_t count) {
+    int64_t end = v->size;
+    if (count <= 0) {
+        return 0;
+    }
+    if (ints_extend(v, count) < 0) {
+        return -1;
+    }
+    memcpy(v->data + end, data, (size_t)count * sizeof(int32_t));
+    return 0;
+}
+
 static void sort_keys(uint64_t *a, int64_t n) {
     while (n > 24) {
         uint64_t x = a[0], y = a[n / 2], z = a[n - 1];

@@ -76,7 +76,9 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     }
     memset(self->token_node, 0xFF, (size_t)id_count * sizeof(int32_t));
     for (int32_t u = 0; u < nt; u++) {
-        memcpy(self->ids + self->offsets[at[u]], ids + offsets[u], (size_t)(offsets[u + 1] - offsets[u]) * 4);
+        if (offsets[u + 1] > offsets[u]) {
+            memcpy(self->ids + self->offsets[at[u]], ids + offsets[u], (size_t)(offsets[u + 1] - offsets[u]) * 4);
+        }
         for (int32_t i = offsets[u]; i < offsets[u + 1]; i++) { /* (ids checked inside the row) */
             self->token_node[ids[i]] = at[u];
         }

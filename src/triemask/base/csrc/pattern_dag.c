@@ -209,11 +209,9 @@ static int32_t intern(Interned *t, const int32_t *data, int64_t size, int *added
         }
         t->hashes = hashes, t->capacity = capacity;
     }
-    int64_t end = t->pool.size;
-    if (ints_extend(&t->pool, size) < 0) {
+    if (ints_concat(&t->pool, data, size) < 0) {
         return -1;
     }
-    memcpy(t->pool.data + end, data, (size_t)size * sizeof(int32_t));
     int32_t id = t->count++;
     t->hashes[id] = h, t->offsets[id + 1] = t->pool.size;
     t->slots[slot] = id;
@@ -422,11 +420,9 @@ static const char *determinise(const Nfa *a, int32_t max_dfa, int64_t max_work, 
             lo = past;
         }
         d->rows_at[2 * current] = d->rows.size / 3, d->rows_at[2 * current + 1] = row.size / 3;
-        int64_t end = d->rows.size;
-        if (ints_extend(&d->rows, row.size) < 0) {
+        if (ints_concat(&d->rows, row.data, row.size) < 0) {
             goto out;
         }
-        memcpy(d->rows.data + end, row.data, (size_t)row.size * sizeof(int32_t));
     }
     why = NULL;
 out:

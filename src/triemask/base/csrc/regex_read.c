@@ -72,7 +72,9 @@ static int compare_range(const void *x, const void *y) {
 static void ranges_normalise(Int32s *ranges) {
     int64_t n = ranges->size / 2, kept = 0;
     int32_t *d = ranges->data;
-    qsort(d, (size_t)n, 2 * sizeof(int32_t), compare_range);
+    if (n > 1) {
+        qsort(d, (size_t)n, 2 * sizeof(int32_t), compare_range);
+    }
     for (int64_t i = 0; i < n; i++) {
         if (kept > 0 && d[2 * i] <= d[2 * kept - 1] + 1) {
             d[2 * kept - 1] = d[2 * i + 1] > d[2 * kept - 1] ? d[2 * i + 1] : d[2 * kept - 1];
