@@ -145,11 +145,13 @@ static inline int64_t lazy_emit(Lazy *z, size_t nk, int32_t k, int32_t child) {
  * node k matched against the value-trie node its parent reached, kept by depth (the parent's is
  * at k's depth - 1, whatever was skipped in between); an unmatched k's subtree is skipped in one
  * jump. Each token ending at k is an edge node -> the node k reached. The walk of a DAG (a
- * pattern's automaton) finds a child by its byte in one table or bit lookup, and its loop has
- * few branches that depend on the data (a wide row visits 70,000 token-trie nodes: branches
- * mispredicted on each cost more than the lookups); a trie's children are merged with the
- * token trie's, both in byte order, a cursor per depth, and once they are used up the rest of
- * the parent's subtree is skipped too. The count of keys, or -1 for no memory. */
+ * pattern's automaton) finds a child by its byte in one table or bit lookup, matches a subtree
+ * whose bytes all lead down one of a small DAG's runs whole (Lazy.run_mask: no lookup per node,
+ * each token to the run's node at its depth), and its loops have few branches that depend on
+ * the data (a wide row visits 70,000 token-trie nodes: branches mispredicted on each cost more
+ * than the lookups); a trie's children are merged with the token trie's, both in byte order, a
+ * cursor per depth, and once they are used up the rest of the parent's subtree is skipped too.
+ * The count of keys, or -1 for no memory. */
 static NOINLINE int64_t lazy_walk_dag(Lazy *z, int32_t node) {
     /* (locals: the compiler cannot tell that the states and keys written leave these alone) */
     const uint32_t *byte_depth = z->tok->byte_depth;
@@ -271,10 +273,10 @@ static inline int popcount32(uint32_t word) {
     return popcount64(word);
 }
 
-/* A wide node's row, and its edges in token order without sorting them: each token's place is
- * the number of bits before its own in the row (a count per word, then a popcount), as fast as
- * writing them (an identifier's first row, 33,000 tokens: 0.13 ms sorted). -1 when the keys
- * hold a token twice (an EOS id that is a text token too) or no memory: then sort them. */
+/* A trie's wide node's row, and its edges in token order without sorting them: each token's
+ * place is the number of bits before its own in the row (a count per word, then a popcount), as
+ * fast as writing them (33,000 tokens: 0.13 ms sorted). -1 when the keys hold a token twice (an
+ * EOS id that is a text token too) or no memory: then sort them. */
 static int lazy_place_by_row(const Kernel *self, Entry *e, const uint64_t *keys) {
     Py_ssize_t width = self->width;
     int32_t *before = (int32_t *)malloc((size_t)width * sizeof(int32_t));
