@@ -122,6 +122,7 @@ def test_wide_rows_of_a_lazy_pattern_are_kept_as_rows_alone() -> None:
     wide = len(eager.allowed_token_ids(eager.initial_state))
     assert wide * 32 >= vocab.vocab_size * 4  # wide enough to be kept whole
     assert lazy.cache_info()["bytes"] < 2 * bitmask.nbytes + 4096 < 8 * wide  # the row, not its edges
+    assert lazy.stats()["child_lookup"] == "table and runs"
     for state in (lazy.initial_state, lazy.next_state(lazy.initial_state, int(eager.allowed_token_ids(0)[0]))):
         tokens = np.arange(vocab.vocab_size)
         assert [lazy.next_state(state, int(t)) for t in tokens] == [eager.next_state(state, int(t)) for t in tokens]

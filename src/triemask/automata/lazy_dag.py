@@ -13,7 +13,7 @@ edges in all, tens or hundreds at the start) the first mask comes far sooner.
 
 The C kernel keeps, for a DAG of under 255 nodes, each node's destination by byte in one table
 and its *runs*: with the bytes in 54 groups (each ASCII digit and punctuation character, letters
-in eights, ...), the node that every byte of a group leads to at each step. The vocabulary's
+in four ranges a case, ...), the node that every byte of a group leads to at each step. The vocabulary's
 token trie keeps the groups of the bytes below each of its nodes, so a token-trie subtree whose
 bytes all lead down a run (the letters and digits below ``"get"`` in an identifier) is matched
 whole, each token to the run's node at its length, without a lookup per byte: an identifier's
@@ -105,9 +105,13 @@ class LazyDagAutomaton(DagLanguage, LazyTrieAutomaton):
 
     def stats(self) -> dict[str, Any]:
         """Structure of the automaton and its cache: the DAG's nodes and edges, the language's
-        size, ``cache`` (:meth:`cache_info`)."""
+        size, ``cache`` (:meth:`cache_info`), and how the kernel finds a node's child by byte
+        (``child_lookup``: a table by byte and the runs for a DAG of under 255 nodes, else bits
+        and their ranks; NumPy without the C extension)."""
         base = self._language_stats(super().stats())
         base["forced_nodes"] = self._forced_nodes()
+        kernel_lookup = "table and runs" if self._num_nodes < _SMALL_DAG_NODES else "bits and ranks"
+        base["child_lookup"] = "numpy" if self._kernel is None else kernel_lookup
         return base
 
     def __repr__(self) -> str:

@@ -6,6 +6,13 @@
  * tokens. The value trie is stored as one uint16 word per node (child count, terminal flag,
  * dead-end flag) and its byte, with first-child ids and terminal ranks sampled every 64 nodes.
  * The cache is only touched with the GIL held, which makes it thread-safe. */
+#define LAZY_COUNT 0x1FFu     /* bits 0-8: number of children (0..256) */
+#define LAZY_DEAD 0x4000u     /* no token sequence completes a value from here: no edge leads in */
+#define LAZY_TERMINAL 0x8000u /* a value ends here */
+#define DAG_NONE 0xFFu        /* no edge, in Lazy.dag_small */
+#define RUN_MAX 48            /* the longest run of a small DAG held (Lazy.run_mask) */
+#define NO_MEMORY INT32_MIN   /* next_of's answer when a lazy node's edges could not be built */
+
 /* (a hot loop kept out of line where inlining it into its caller costs it registers) */
 #if defined(__GNUC__)
 #define NOINLINE __attribute__((noinline))
@@ -13,14 +20,8 @@
 #define NOINLINE
 #endif
 
-#define LAZY_COUNT 0x1FFu     /* bits 0-8: number of children (0..256) */
-#define LAZY_DEAD 0x4000u     /* no token sequence completes a value from here: no edge leads in */
-#define LAZY_TERMINAL 0x8000u /* a value ends here */
-#define DAG_NONE 0xFFu        /* no edge, in Lazy.dag_small */
-#define RUN_MAX 48            /* the longest run of a small DAG held (Lazy.run_mask) */
-
-/* Bytes in 54 groups: each ASCII punctuation character and digit alone, letters in eights
- * (a-f g-m n-s t-z, the same upper case), the controls, UTF-8 continuation and lead bytes. A
+/* Bytes in 54 groups: each ASCII punctuation character and digit alone, letters in four ranges
+ * a case (a-f g-m n-s t-z), the controls, UTF-8 continuation and lead bytes. A
  * regex class is most often a union of groups, which lets a walk test a token-trie subtree's
  * bytes against it in one AND (TokenTrieTables.below). */
 static int byte_group_of(int b) {
@@ -48,7 +49,6 @@ static void byte_groups_init(void) {
         BYTE_GROUP_SIZE[BYTE_GROUP[b]]++;
     }
 }
-#define NO_MEMORY INT32_MIN   /* next_of's answer when a lazy node's edges could not be built */
 
 typedef struct Entry {
     struct Entry *newer, *older; /* the LRU list */
