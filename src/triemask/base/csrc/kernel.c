@@ -61,27 +61,34 @@ typedef struct Entry {
 } Entry;
 
 /* TokenTrieTables(children i32, node_byte u8, token_offsets i32, token_ids i32, width): a
- * vocabulary's forward token trie (vocab.token_index.TokenTrie), checked once (children after
- * their parent and in range, offsets ascending, ids inside a row of `width` words) and held for
- * every lazy kernel of that vocabulary, which would otherwise check it again each (a millisecond
- * for a 150K vocabulary: the whole compile of a pattern in the lazy layout).
+ * vocabulary's forward token trie (vocab.token_index.TokenTrie), checked once (a tree, children
+ * after their parent and in range, offsets ascending, ids inside a row of `width` words) and held
+ * for every lazy kernel of that vocabulary, which would otherwise check it again each (a
+ * millisecond for a 150K vocabulary: the whole compile of a pattern in the lazy layout).
  *
- * It is held renumbered in depth-first preorder (the given arrays number it breadth first): a
- * node's subtree is the range [k, skip[k]), its first child k + 1, siblings in byte order, so
- * the walk of lazy_compute reads the arrays forward and skips a subtree with one jump. Breadth
- * first, a wide node's walk (an identifier pattern's first state, 30,000 tokens of 150,000)
- * jumped through memory at every node: 1.1 ms against 0.3 in preorder. */
+ * The walks go down the given arrays, numbered breadth first: a node's children are contiguous
+ * and in byte order, so finding the few a value-trie or DAG node can follow reads a line or two
+ * (a narrow row's walk: 0.5 us for a date's). Beside them, a copy renumbered in depth-first
+ * preorder (`pre` maps a node to it), where a node's subtree is the range [k, skip[k]): what a
+ * walk matches whole (see Lazy.run_mask) it reads forward in one pass, and a token's bytes are
+ * read up its parents (row_edge_to). Scanning siblings in preorder jumps over their subtrees, a
+ * cache miss each: a narrow row 2-3x slower, which is why the walks do not use it. */
 typedef struct TokenTrieTables {
     PyObject_HEAD
+    Py_buffer views[4]; /* the given arrays: children, node_byte, token_offsets, token_ids */
+    int held;
+    const int32_t *children, *token_offsets, *token_ids; /* (their buffers) by breadth-first node u */
+    const uint8_t *node_byte;
+    int32_t *pre;         /* [nodes] u's number in preorder; the arrays below are by that number k */
     uint32_t *byte_depth; /* [nodes] node k's depth << 8 | the byte into it (0 for the root) */
     int32_t *skip;        /* [nodes] the end of k's subtree */
     int32_t *offsets;     /* [nodes + 1] the tokens ending at node k: ids[offsets[k] .. offsets[k + 1]) */
     int32_t *ids;         /* [tokens] */
     int32_t *parent;      /* [nodes] node k's parent (0 for the root) */
-    uint64_t *below;      /* [nodes] the groups (BYTE_GROUP) of the bytes below node k */
-    uint8_t *height;      /* [nodes] the longest path below node k, in bytes (at most 255) */
+    uint64_t *below;      /* [nodes] by u: the groups (BYTE_GROUP) of the bytes below node u */
+    uint8_t *height;      /* [nodes] by u: the longest path below node u, in bytes (at most 255) */
     int32_t *token_node;  /* [32 * width] the node a token id ends at, or -1: its bytes, read upwards */
-    int32_t nodes, depth; /* depth: the longest token, in bytes */
+    int32_t nodes;
     /* a miss's scratch, shared by the vocabulary's lazy kernels (a miss runs with the GIL held
      * from start to end): kept from one kernel to the next, so that a new pattern's wide first
      * row does not grow it again from nothing (an identifier's first mask 0.38 -> 0.32 ms) */

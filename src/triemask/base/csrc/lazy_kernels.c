@@ -1,6 +1,10 @@
 /* ------------------------------------------------------------------ lazy kernels */
 
 static void TokenTrieTables_dealloc(TokenTrieTables *self) {
+    for (int i = 0; i < self->held; i++) {
+        PyBuffer_Release(&self->views[i]);
+    }
+    PyMem_Free(self->pre);
     PyMem_Free(self->byte_depth);
     PyMem_Free(self->skip);
     PyMem_Free(self->offsets);
@@ -19,7 +23,7 @@ static void TokenTrieTables_dealloc(TokenTrieTables *self) {
 static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, const uint8_t *bytes,
                                const int32_t *offsets, const int32_t *ids, int32_t nt, Py_ssize_t id_count) {
     int32_t *size = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
-    int32_t *at = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
+    int32_t *at = self->pre = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     int32_t *level = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
     self->byte_depth = (uint32_t *)PyMem_Malloc((size_t)nt * sizeof(uint32_t));
     self->skip = (int32_t *)PyMem_Malloc((size_t)nt * sizeof(int32_t));
@@ -32,7 +36,6 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     if (!size || !at || !level || !self->byte_depth || !self->skip || !self->offsets || !self->ids ||
         !self->parent || !self->token_node || !self->below || !self->height) {
         PyMem_Free(size);
-        PyMem_Free(at);
         PyMem_Free(level);
         PyErr_NoMemory();
         return -1;
@@ -57,7 +60,6 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
             depth = level[j] > depth ? level[j] : depth;
             if (depth >= (1 << 24)) { /* (a token of 16 MiB) */
                 PyMem_Free(size);
-                PyMem_Free(at);
                 PyMem_Free(level);
                 PyErr_SetString(PyExc_ValueError, "token trie arrays out of range or inconsistent");
                 return -1;
@@ -83,25 +85,24 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
             self->token_node[ids[i]] = at[u];
         }
     }
-    for (int32_t k = nt - 1; k > 0; k--) { /* children after their parent: the summaries bottom-up */
-        int32_t up = self->parent[k];
-        self->below[up] |= self->below[k] | (uint64_t)1 << BYTE_GROUP[self->byte_depth[k] & 0xFF];
-        int height = self->height[k] < 255 ? self->height[k] + 1 : 255;
-        self->height[up] = (uint8_t)(height > self->height[up] ? height : self->height[up]);
+    for (int32_t u = nt - 1; u >= 0; u--) { /* children after their parent: the summaries bottom-up */
+        for (int32_t j = children[u]; j < children[u + 1]; j++) {
+            int height = self->height[j] < 255 ? self->height[j] + 1 : 255;
+            self->below[u] |= self->below[j] | (uint64_t)1 << BYTE_GROUP[bytes[j]];
+            self->height[u] = (uint8_t)(height > self->height[u] ? height : self->height[u]);
+        }
     }
     PyMem_Free(size);
-    PyMem_Free(at);
     PyMem_Free(level);
     self->nodes = nt;
-    self->depth = depth;
     return 0;
 }
 
 static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject *kwds) {
     PyObject *objs[4];
-    Py_buffer views[4];
+    Py_buffer *views = self->views;
     Py_ssize_t width;
-    if (self->byte_depth != NULL) {
+    if (self->held || self->byte_depth != NULL) {
         PyErr_SetString(PyExc_ValueError, "TokenTrieTables: already initialised");
         return -1;
     }
@@ -110,10 +111,9 @@ static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject 
     }
     static const Py_ssize_t sizes[4] = {4, 1, 4, 4};
     static const char *names[4] = {"children", "node_byte", "token_offsets", "token_ids"};
-    int held = 0, result = -1;
-    for (; held < 4; held++) {
-        if (get_array(objs[held], &views[held], sizes[held], names[held]) < 0) {
-            goto done;
+    for (; self->held < 4; self->held++) { /* (released by the dealloc) */
+        if (get_array(objs[self->held], &views[self->held], sizes[self->held], names[self->held]) < 0) {
+            return -1;
         }
     }
     const int32_t *children = (const int32_t *)views[0].buf, *offsets = (const int32_t *)views[2].buf;
@@ -132,19 +132,16 @@ static int TokenTrieTables_init(TokenTrieTables *self, PyObject *args, PyObject 
     }
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "token trie arrays out of range or inconsistent");
-        goto done;
+        return -1;
     }
     if (token_trie_preorder(self, children, (const uint8_t *)views[1].buf, offsets, ids, (int32_t)nt, 32 * width) < 0) {
-        goto done;
+        return -1;
     }
+    self->children = children, self->node_byte = (const uint8_t *)views[1].buf;
+    self->token_offsets = offsets, self->token_ids = ids;
     self->width = width;
     self->ready = 1;
-    result = 0;
-done:
-    for (int i = 0; i < held; i++) {
-        PyBuffer_Release(&views[i]);
-    }
-    return result;
+    return 0;
 }
 
 static PyTypeObject TokenTrieTablesType = {
