@@ -121,9 +121,11 @@ typedef struct {
     uint8_t *dag_small;
     /* and its runs: run_node[c * (RUN_MAX + 1) + m] the node m bytes below c where every byte of
      * a group in run_mask[same] leads to one node at each step (DAG_NONE past the run), so that a
-     * token-trie subtree whose bytes are all in those groups is matched whole (see lazy_walk_dag) */
+     * token-trie subtree whose bytes are all in those groups is matched whole (see lazy_walk);
+     * run_to[same] that node where tokens may end there, else -1 (past the run, or LAZY_DEAD) */
     uint64_t *run_mask;
     uint8_t *run_node;
+    int16_t *run_to;
     const uint8_t *node_byte;
     const uint16_t *node_word;
     const int32_t *child_blocks, *terminal_blocks, *terminal_values;
@@ -209,6 +211,7 @@ static void lazy_free(Lazy *z) {
     PyMem_Free(z->dag_small);
     PyMem_Free(z->run_mask);
     PyMem_Free(z->run_node);
+    PyMem_Free(z->run_to);
     for (int i = 0; i < z->held; i++) {
         PyBuffer_Release(&z->views[i]);
     }

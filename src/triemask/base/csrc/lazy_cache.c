@@ -148,8 +148,7 @@ static int64_t lazy_emit_run(Lazy *z, size_t nk, int32_t u, int32_t v) {
     const TokenTrieTables *tok = z->tok;
     const int32_t *offsets = tok->offsets, *ids = tok->ids;
     const uint32_t *byte_depth = tok->byte_depth;
-    const uint16_t *node_word = z->node_word;
-    const uint8_t *run = z->run_node + v * (RUN_MAX + 1);
+    const int16_t *run = z->run_to + v * (RUN_MAX + 1);
     int32_t k = tok->pre[u], end = tok->skip[k];
     uint32_t depth = byte_depth[k] >> 8;
     if (grow((void **)&z->tok->keys, &z->tok->keys_cap, nk + (size_t)(offsets[end] - offsets[k + 1]) + 1,
@@ -159,10 +158,9 @@ static int64_t lazy_emit_run(Lazy *z, size_t nk, int32_t u, int32_t v) {
     uint64_t *keys = z->tok->keys;
     for (int32_t j = k + 1; j < end; j++) { /* (the first id written always: ids has one spare) */
         int32_t to = run[(byte_depth[j] >> 8) - depth], lo = offsets[j], hi = offsets[j + 1];
-        int live = !(node_word[to] & LAZY_DEAD);
         keys[nk] = (uint64_t)(uint32_t)ids[lo] << 32 | (uint32_t)to;
-        nk += (size_t)(hi > lo && live);
-        for (int32_t i = lo + 1; i < hi && live; i++) {
+        nk += (size_t)(hi > lo && to >= 0);
+        for (int32_t i = lo + 1; i < hi && to >= 0; i++) {
             keys[nk++] = (uint64_t)(uint32_t)ids[i] << 32 | (uint32_t)to;
         }
     }

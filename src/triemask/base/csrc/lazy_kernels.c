@@ -162,8 +162,9 @@ static PyTypeObject TokenTrieTablesType = {
 static int dag_runs(Lazy *z, Py_ssize_t n) {
     z->run_mask = (uint64_t *)PyMem_Malloc((size_t)n * (RUN_MAX + 1) * sizeof(uint64_t));
     z->run_node = (uint8_t *)PyMem_Malloc((size_t)n * (RUN_MAX + 1));
+    z->run_to = (int16_t *)PyMem_Malloc((size_t)n * (RUN_MAX + 1) * sizeof(int16_t));
     int32_t *first = (int32_t *)PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
-    if (z->run_mask == NULL || z->run_node == NULL || first == NULL) {
+    if (z->run_mask == NULL || z->run_node == NULL || z->run_to == NULL || first == NULL) {
         PyMem_Free(first);
         return -1;
     }
@@ -198,6 +199,10 @@ static int dag_runs(Lazy *z, Py_ssize_t n) {
             runs[m] = best == DAG_NONE ? 0 : mask & z->run_mask[best * (RUN_MAX + 1) + m - 1];
             nodes[m] = best == DAG_NONE ? DAG_NONE : z->run_node[best * (RUN_MAX + 1) + m - 1];
         }
+    }
+    for (Py_ssize_t at = 0; at < n * (RUN_MAX + 1); at++) {
+        uint8_t node = z->run_node[at];
+        z->run_to[at] = (int16_t)(node == DAG_NONE || z->node_word[node] & LAZY_DEAD ? -1 : node);
     }
     PyMem_Free(first);
     return 0;
