@@ -76,6 +76,7 @@ static int token_trie_preorder(TokenTrieTables *self, const int32_t *children, c
     for (int32_t k = 0; k < nt; k++) {
         self->offsets[k + 1] += self->offsets[k];
     }
+    self->ids[offsets[nt]] = 0; /* one spare: a walk reads a node's first id whether it has one or not */
     memset(self->token_node, 0xFF, (size_t)id_count * sizeof(int32_t));
     for (int32_t u = 0; u < nt; u++) {
         if (offsets[u + 1] > offsets[u]) {
