@@ -281,6 +281,61 @@ def test_lazy_kernel_checks_a_dags_slots(data: st.DataObject) -> None:
 
 
 @pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_a_wide_dag_over_perturbed_token_tries(data: st.DataObject) -> None:
+    """A DAG whose rows are wide (kept as rows alone, steps reading tokens' bytes up the token
+    trie) and whose runs match subtrees whole, over token-trie arrays perturbed: either refused
+    with ValueError when the tables are made, or every call stays in bounds and in range
+    (make test-asan runs this under AddressSanitizer)."""
+    native = _kernels.KERNELS
+    assert native is not None
+    vocab = byte_vocabulary([b"ab", b"abc", b"ba", b"xyz", b"a\xc3\xa9"])
+    base = Compiler(vocab, disk_cache=False).compile_regex("[^x]{0,3}x?", layout="lazy")
+    assert isinstance(base, LazyDagAutomaton)
+    trie = base._token_trie
+    arrays: list[Any] = [trie.children, trie.node_byte, trie.token_offsets, trie.token_ids]
+    victim = data.draw(st.integers(0, len(arrays) - 1))
+    array = arrays[victim].copy()
+    if len(array) and data.draw(st.booleans()):
+        value = np.asarray(data.draw(st.integers(-2, 600))).astype(array.dtype)
+        array[data.draw(st.integers(0, len(array) - 1))] = value
+    elif data.draw(st.booleans()):
+        array = np.resize(array, data.draw(st.integers(0, len(array) + 2)))
+    arrays[victim] = array
+    width = (vocab.vocab_size + 31) // 32
+    try:
+        tables = native.TokenTrieTables(*arrays, width)
+    except ValueError:
+        return
+    kernel = native.lazy_kernel(
+        base._node_byte,
+        base._node_word,
+        base._child_blocks,
+        base._terminal_blocks,
+        base._terminal_values,
+        tables,
+        np.asarray(vocab.eos_token_ids, dtype=np.int32),
+        base.num_nodes,
+        base.num_states,
+        width,
+        1,
+        data.draw(st.sampled_from([0, 100, 1 << 20])),
+        base._slot_dest,
+    )
+    bitmask = np.zeros((2, width), dtype=np.int32)
+    for state in range(-1, base.num_states + 1):
+        kernel.fill(bitmask, 0, state)
+        for token in (data.draw(st.integers(-1, 32 * width)), 0, ord("a"), 32 * width - 1):
+            following = kernel.next(state, token)
+            assert following is None or -1 <= following < base.num_states
+        if 0 <= state < base.num_nodes:
+            tokens, dests = (np.frombuffer(b, dtype=np.int32) for b in kernel.edges(state))
+            assert ((tokens >= 0) & (tokens < 32 * width)).all() and ((dests >= -1) & (dests < base.num_states)).all()
+    kernel.pairs(list(range(base.num_states)))
+
+
+@pytest.mark.skipif(_kernels.KERNELS is None, reason="the C extension is not built")
 def test_lazy_kernel_takes_only_a_checked_token_trie() -> None:
     native = _kernels.KERNELS
     assert native is not None
