@@ -93,6 +93,30 @@ def test_random_patterns_lazy_equal_eager(
     same_automaton(lazy, eager, seed)
 
 
+WIDE_CLASSES = ["A-Za-z_", "A-Za-z0-9_", "a-z0-9", "a-zA-Z.", "0-9a-f", "a-z", "^x-z", "a-z_-"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    first=st.sampled_from(WIDE_CLASSES),
+    rest=st.sampled_from(WIDE_CLASSES),
+    length=st.integers(0, 9),
+    tail=st.sampled_from(["", "(\\.[a-z]{1,3})?", "-?[0-9]"]),
+    merges=st.lists(st.text(alphabet="abcxyzAB09_.- ", min_size=2, max_size=7), max_size=40),
+    seed=st.integers(0, 99),
+)
+def test_wide_runs_lazy_equal_eager(
+    first: str, rest: str, length: int, tail: str, merges: list[str], seed: int, layer: str
+) -> None:
+    """Identifier-like patterns (wide classes, long runs) over vocabularies of letters, digits
+    and punctuation: the subtrees matched whole, or scanned along a closed run, give every
+    node the eager automaton's edges."""
+    vocab = byte_vocabulary([m.encode() for m in merges])
+    compiler = Compiler(vocab, disk_cache=False)
+    pattern = f"[{first}][{rest}]{{0,{length}}}{tail}"
+    same_automaton(compiler.compile_regex(pattern, layout="lazy"), compiler.compile_regex(pattern), seed)
+
+
 @pytest.mark.parametrize("name", ["qwen2", "mistral-spm-32k"])
 def test_real_patterns_lazy_equal_eager(name: str) -> None:
     compiler = Compiler(real_vocabulary(name).vocab)

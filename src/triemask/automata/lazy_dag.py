@@ -36,9 +36,10 @@ from .lazy import LazyTrieAutomaton
 
 # What the C kernel keeps a node (lazy_kernels.c): its out-bytes as bits (32) and their slots
 # by word (16); in a DAG of under 255 nodes, its destinations by byte (256) and its runs (49
-# steps of a group mask, a node and the node where tokens may end: 539)
+# steps of a group mask, a node and the node where tokens may end: 539; its own step's groups
+# and how far its run stays closed: 9)
 _KERNEL_BYTES_PER_NODE = 48
-_SMALL_DAG_NODES, _SMALL_DAG_BYTES_PER_NODE = 255, 256 + 49 * (8 + 1 + 2)
+_SMALL_DAG_NODES, _SMALL_DAG_BYTES_PER_NODE = 255, 256 + 49 * (8 + 1 + 2) + 9
 
 
 class LazyDagAutomaton(DagLanguage, LazyTrieAutomaton):
@@ -84,7 +85,7 @@ class LazyDagAutomaton(DagLanguage, LazyTrieAutomaton):
     @property
     def memory_bytes(self) -> int:
         """Bytes held by the automaton's arrays, the kernel's lookups of a node's children by
-        byte (48 a node; 843 in a DAG of under 255 nodes) and, now, the cache (the shared token
+        byte (48 a node; 852 in a DAG of under 255 nodes) and, now, the cache (the shared token
         trie excluded)."""
         if self._kernel is None:
             return super().memory_bytes

@@ -11,6 +11,8 @@
 #define LAZY_TERMINAL 0x8000u /* a value ends here */
 #define DAG_NONE 0xFFu        /* no edge, in Lazy.dag_small */
 #define RUN_MAX 48            /* the longest run of a small DAG held (Lazy.run_mask) */
+#define RUN_WIDE 0x80u        /* Lazy.run_closed: the run takes WIDE_RUN_BYTES bytes or more */
+#define WIDE_RUN_BYTES 32
 #define NO_MEMORY INT32_MIN   /* next_of's answer when a lazy node's edges could not be built */
 
 /* (a hot loop kept out of line where inlining it into its caller costs it registers) */
@@ -126,6 +128,10 @@ typedef struct {
     uint64_t *run_mask;
     uint8_t *run_node;
     int16_t *run_to;
+    /* run_step[c] the groups of c's own run step; run_closed[c] how many steps on from c every
+     * byte out of a node is in those (a byte outside ends a match), | RUN_WIDE (lazy_scan_run) */
+    uint64_t *run_step;
+    uint8_t *run_closed;
     const uint8_t *node_byte;
     const uint16_t *node_word;
     const int32_t *child_blocks, *terminal_blocks, *terminal_values;
@@ -212,6 +218,8 @@ static void lazy_free(Lazy *z) {
     PyMem_Free(z->run_mask);
     PyMem_Free(z->run_node);
     PyMem_Free(z->run_to);
+    PyMem_Free(z->run_step);
+    PyMem_Free(z->run_closed);
     for (int i = 0; i < z->held; i++) {
         PyBuffer_Release(&z->views[i]);
     }

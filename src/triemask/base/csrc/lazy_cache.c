@@ -167,6 +167,42 @@ static int64_t lazy_emit_run(Lazy *z, size_t nk, int32_t u, int32_t v) {
     return (int64_t)nk;
 }
 
+/* The tokens below (breadth-first) token-trie node u, a DAG's node v reached at u, where v's
+ * run is wide and closed for as deep as u's subtree goes (Lazy.run_closed): read forward in
+ * preorder, a node whose byte is in the run's groups at its depth is matched (each token to
+ * the run's node there), any other ends the match, its subtree skipped. The subtree's bytes
+ * need not all follow the run (as lazy_emit_run's do): an identifier's first row, below
+ * "a" the tokens "a.b" or "a-" too. How many keys now, or -1 for no memory. */
+static int64_t lazy_scan_run(Lazy *z, size_t nk, int32_t u, int32_t v) {
+    const TokenTrieTables *tok = z->tok;
+    const int32_t *offsets = tok->offsets, *ids = tok->ids, *skip = tok->skip;
+    const uint32_t *byte_depth = tok->byte_depth;
+    const uint8_t *nodes = z->run_node + v * (RUN_MAX + 1);
+    const int16_t *run = z->run_to + v * (RUN_MAX + 1);
+    int32_t k = tok->pre[u], end = skip[k];
+    uint32_t depth = byte_depth[k] >> 8;
+    if (grow((void **)&z->tok->keys, &z->tok->keys_cap, nk + (size_t)(offsets[end] - offsets[k + 1]) + 1,
+             sizeof(uint64_t)) < 0) {
+        return -1;
+    }
+    uint64_t *keys = z->tok->keys;
+    for (int32_t j = k + 1; j < end;) {
+        uint32_t m = (byte_depth[j] >> 8) - depth, from = nodes[m - 1];
+        if (from == DAG_NONE || !(z->run_step[from] >> BYTE_GROUP[byte_depth[j] & 0xFF] & 1)) {
+            j = skip[j];
+            continue;
+        }
+        int32_t to = run[m], lo = offsets[j], hi = offsets[j + 1];
+        keys[nk] = (uint64_t)(uint32_t)ids[lo] << 32 | (uint32_t)to; /* (as in lazy_emit_run) */
+        nk += (size_t)(hi > lo && to >= 0);
+        for (int32_t i = lo + 1; i < hi && to >= 0; i++) {
+            keys[nk++] = (uint64_t)(uint32_t)ids[i] << 32 | (uint32_t)to;
+        }
+        j++;
+    }
+    return (int64_t)nk;
+}
+
 /* A node's edges from scratch: depth-first over (value-trie node v, token-trie node u) pairs
  * spelling the same bytes below `node`; each token ending at u is an edge node -> v. The token
  * trie's children of u are contiguous and in byte order (TokenTrieTables), so a trie's children
@@ -203,14 +239,17 @@ static NOINLINE int64_t lazy_walk(Lazy *z, int32_t node) {
         if (count == 0 || j == end) {
             continue;
         }
-        if (run_mask != NULL && tok->height[u] <= RUN_MAX &&
-            (tok->below[u] & ~run_mask[v * (RUN_MAX + 1) + tok->height[u]]) == 0) {
-            int64_t now = lazy_emit_run(z, nk, u, v);
+        if (run_mask != NULL && tok->height[u] <= RUN_MAX) {
+            int whole = (tok->below[u] & ~run_mask[v * (RUN_MAX + 1) + tok->height[u]]) == 0;
+            int scan = !whole && z->run_closed[v] & RUN_WIDE && (z->run_closed[v] & ~RUN_WIDE) >= tok->height[u];
+            int64_t now = whole ? lazy_emit_run(z, nk, u, v) : scan ? lazy_scan_run(z, nk, u, v) : (int64_t)nk;
             if (now < 0) {
                 return -1;
             }
-            nk = (size_t)now;
-            continue;
+            if (whole || scan) {
+                nk = (size_t)now;
+                continue;
+            }
         }
         if (grow((void **)&z->tok->stack, &z->tok->stack_cap, 2 * (sp + (size_t)count + 1), sizeof(int32_t)) < 0) {
             return -1;

@@ -164,8 +164,11 @@ static int dag_runs(Lazy *z, Py_ssize_t n) {
     z->run_mask = (uint64_t *)PyMem_Malloc((size_t)n * (RUN_MAX + 1) * sizeof(uint64_t));
     z->run_node = (uint8_t *)PyMem_Malloc((size_t)n * (RUN_MAX + 1));
     z->run_to = (int16_t *)PyMem_Malloc((size_t)n * (RUN_MAX + 1) * sizeof(int16_t));
+    z->run_step = (uint64_t *)PyMem_Malloc((size_t)n * sizeof(uint64_t));
+    z->run_closed = (uint8_t *)PyMem_Malloc((size_t)n);
     int32_t *first = (int32_t *)PyMem_Malloc(((size_t)n + 1) * sizeof(int32_t));
-    if (z->run_mask == NULL || z->run_node == NULL || z->run_to == NULL || first == NULL) {
+    if (z->run_mask == NULL || z->run_node == NULL || z->run_to == NULL || z->run_step == NULL ||
+        z->run_closed == NULL || first == NULL) {
         PyMem_Free(first);
         return -1;
     }
@@ -190,9 +193,18 @@ static int dag_runs(Lazy *z, Py_ssize_t n) {
             }
         }
         uint64_t mask = 0;
+        int bytes = 0;
         for (int g = 0; g < 64; g++) {
             mask |= whole >> g & 1 && to[g] == best ? (uint64_t)1 << g : 0;
+            bytes += whole >> g & 1 && to[g] == best ? BYTE_GROUP_SIZE[g] : 0;
         }
+        /* closed: every byte out of c is in its run's groups, so that a byte outside them ends a
+         * match; held as how many steps on from c that stays so, and RUN_WIDE where the run takes
+         * WIDE_RUN_BYTES bytes or more (see lazy_scan_run) */
+        int on = best == DAG_NONE ? RUN_MAX : 1 + (z->run_closed[best] & ~RUN_WIDE);
+        int closed = bytes == first[c + 1] - first[c] ? (on < RUN_MAX ? on : RUN_MAX) : 0;
+        z->run_step[c] = mask;
+        z->run_closed[c] = (uint8_t)(closed | (bytes >= WIDE_RUN_BYTES ? RUN_WIDE : 0));
         uint64_t *runs = z->run_mask + c * (RUN_MAX + 1);
         uint8_t *nodes = z->run_node + c * (RUN_MAX + 1);
         runs[0] = ~(uint64_t)0, nodes[0] = (uint8_t)c;
