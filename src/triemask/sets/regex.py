@@ -23,7 +23,6 @@ leads to a deeper level.
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
@@ -90,8 +89,6 @@ _SPACE = [
     (0x09, 0x0D), (0x20, 0x20), (0xA0, 0xA0), (0x1680, 0x1680), (0x2000, 0x200A),
     (0x2028, 0x2029), (0x202F, 0x202F), (0x205F, 0x205F), (0x3000, 0x3000), (0xFEFF, 0xFEFF),
 ]  # fmt: skip
-# a character class's text, to find one seen before in the pattern (ipv6 has 33, one distinct)
-_CLASS_TEXT = re.compile(r"\[\^?\]?(?:\\.|[^\]\\])*\]", re.DOTALL)
 _SPECIAL = frozenset("([\\.*+?^${")  # what atom() reads as more than the character itself
 _SHORT = {"n": 0x0A, "t": 0x09, "r": 0x0D, "f": 0x0C, "v": 0x0B, "0": 0x00}
 
@@ -152,7 +149,6 @@ class _Parser:
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
         self.pos = 0
-        self.classes: dict[str, _Chars] = {}  # the classes read so far, by their text
 
     def fail(self, message: str, position: int | None = None, error: type[PatternError] = PatternError) -> PatternError:
         return error(message, pattern=self.pattern, position=self.pos if position is None else position)
@@ -315,17 +311,6 @@ class _Parser:
         return ((ord(c), ord(c)),)  # an escaped punctuation character stands for itself
 
     def char_class(self) -> _Chars:
-        extent = _CLASS_TEXT.match(self.pattern, self.pos)
-        text = extent.group() if extent else ""
-        if (seen := self.classes.get(text)) is not None:
-            self.pos += len(text)
-            return seen
-        read = self.read_class()
-        if extent is not None and self.pos == extent.end():
-            self.classes[text] = read
-        return read
-
-    def read_class(self) -> _Chars:
         open_at = self.pos
         self.pos += 1
         negate = self.peek() == "^"
