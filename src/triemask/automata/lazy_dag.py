@@ -88,10 +88,14 @@ class LazyDagAutomaton(DagLanguage, LazyTrieAutomaton):
         """Bytes held by the automaton's arrays, the kernel's lookups of a node's children by
         byte (48 a node; 852 in a DAG of under 255 nodes) and, now, the cache (the shared token
         trie excluded)."""
-        if self._kernel is None:
-            return super().memory_bytes
-        per_node = _KERNEL_BYTES_PER_NODE + (_SMALL_DAG_BYTES_PER_NODE if self._num_nodes < _SMALL_DAG_NODES else 0)
-        return super().memory_bytes + per_node * self._num_nodes
+        return super().memory_bytes + (self.kernel_bytes(self._num_nodes) if self._kernel is not None else 0)
+
+    @staticmethod
+    def kernel_bytes(num_nodes: int) -> int:
+        """What the C kernel adds for a DAG of ``num_nodes`` nodes (its lookups of a child by
+        byte and its runs): priced by the compiler before the kernel is built."""
+        small = _SMALL_DAG_BYTES_PER_NODE if num_nodes < _SMALL_DAG_NODES else 0
+        return (_KERNEL_BYTES_PER_NODE + small) * num_nodes
 
     def _token_text(self, token: int) -> bytes:
         lengths, offsets, data = self._token_bytes

@@ -128,6 +128,15 @@ static inline int32_t dag_slot(const Lazy *z, int32_t v, uint8_t byte) {
     return z->dag_rank[4 * (int64_t)v + byte / 64] + popcount64(below);
 }
 
+/* A DAG node's child on `byte`, or -1. */
+static inline int32_t dag_child(const Lazy *z, int32_t v, uint8_t byte) {
+    if (z->dag_small != NULL) {
+        uint8_t to = z->dag_small[256 * v + byte];
+        return to == DAG_NONE ? -1 : to;
+    }
+    return bits_has(z->dag_bits + 4 * (int64_t)v, byte) ? z->slot_dest[dag_slot(z, v, byte)] : -1;
+}
+
 /* The keys of the tokens ending at (breadth-first) token-trie node u, as edges to `dest`, at
  * nk on (several when ids share their bytes); how many, or -1 for no memory. */
 static inline int64_t lazy_emit(Lazy *z, size_t nk, int32_t u, int32_t dest) {
@@ -214,7 +223,7 @@ static int64_t lazy_scan_run(Lazy *z, size_t nk, int32_t u, int32_t v) {
 static NOINLINE int64_t lazy_walk(Lazy *z, int32_t node) {
     const TokenTrieTables *tok = z->tok;
     const int32_t *children = tok->children;
-    const uint8_t *tok_byte = tok->node_byte, *small = z->dag_small;
+    const uint8_t *tok_byte = tok->node_byte;
     const uint64_t *run_mask = z->run_mask;
     const int dag = z->dag_bits != NULL;
     size_t nk = 0, sp = 1;
@@ -257,13 +266,7 @@ static NOINLINE int64_t lazy_walk(Lazy *z, int32_t node) {
         int32_t *stack = z->tok->stack;
         if (dag) { /* each token-trie child's byte looked up in v's (a pair written always, kept on a match) */
             for (; j < end; j++) {
-                uint8_t byte = tok_byte[j];
-                int32_t child;
-                if (small != NULL) {
-                    child = small[256 * v + byte] == DAG_NONE ? -1 : small[256 * v + byte];
-                } else {
-                    child = bits_has(z->dag_bits + 4 * (int64_t)v, byte) ? z->slot_dest[dag_slot(z, v, byte)] : -1;
-                }
+                int32_t child = dag_child(z, v, tok_byte[j]);
                 stack[2 * sp] = child;
                 stack[2 * sp + 1] = j;
                 sp += child >= 0;
@@ -293,8 +296,9 @@ static inline int popcount32(uint32_t word) {
 
 /* A trie's wide node's row, and its edges in token order without sorting them: each token's
  * place is the number of bits before its own in the row (a count per word, then a popcount), as
- * fast as writing them (33,000 tokens: 0.13 ms sorted). -1 when the keys hold a token twice (an
- * EOS id that is a text token too) or no memory: then sort them. */
+ * fast as writing them (33,000 tokens: 0.13 ms sorted). -1 when the keys hold a token twice (a
+ * token-trie id listed twice: never from a Vocabulary, whose EOS ids have no text, but the
+ * arrays are checked, not trusted) or no memory: then sort them. */
 static int lazy_place_by_row(const Kernel *self, Entry *e, const uint64_t *keys) {
     Py_ssize_t width = self->width;
     int32_t *before = (int32_t *)malloc((size_t)width * sizeof(int32_t));
@@ -365,7 +369,7 @@ static Entry *lazy_compute(const Kernel *self, int32_t node) {
             uint32_t token = (uint32_t)(z->tok->keys[i] >> 32);
             e->row[token >> 5] |= 1u << (token & 31);
         }
-        e->count = 0; /* the tokens, once each (an EOS id that is a text token too counts once) */
+        e->count = 0; /* the tokens, once each (see lazy_place_by_row) */
         for (Py_ssize_t w = 0; w < self->width; w++) {
             e->count += popcount32(e->row[w]);
         }

@@ -46,15 +46,6 @@ static inline int node_edges(const Kernel *self, int64_t node, Edges *out) {
     return 0;
 }
 
-/* A DAG node's child on `byte`, or -1. */
-static inline int32_t dag_child(const Lazy *z, int32_t v, uint8_t byte) {
-    if (z->dag_small != NULL) {
-        uint8_t to = z->dag_small[256 * v + byte];
-        return to == DAG_NONE ? -1 : to;
-    }
-    return bits_has(z->dag_bits + 4 * (int64_t)v, byte) ? z->slot_dest[dag_slot(z, v, byte)] : -1;
-}
-
 /* Where `token` leads from a DAG's node whose edges are its row alone: the row says whether;
  * EOS leads to the node's final state; a text token's bytes, read up the token trie, walked
  * down the DAG say where (its length in lookups, as a binary search in the listed tokens). */
