@@ -11,7 +11,7 @@ On Qwen2.5's vocabulary and K synthetic tool names (default 100,000), each figur
 * ``with_values(added=100, removed=100)`` against recompiling the new set (its first call in
   the process, then the median), the masks of the two compared on the states of 500 decoded
   values, a step through each (half the walks along added values, which extend base ones) and
-  a batch fill of 128 of those states;
+  a batch fill of 128 of those states; then 1,000 + 1,000 on 1,000,000 values (``--large-k``);
 * a JSON schema with a 10,000-value enum field: compiled, against loaded from its file.
 """
 
@@ -118,9 +118,79 @@ def byte_paths(compiler: Compiler, values: list[str]) -> list[list[int]]:
     return [[int(byte_tokens[b]) for b in value.encode()] for value in values]
 
 
+def updates(compiler: Compiler, automaton: TrieAutomaton, values: list[str], change: int) -> dict[str, Any]:
+    """``with_values(added=change, removed=change)`` on ``automaton`` (the set ``values``)
+    against recompiling the new set: its first call on this automaton (CPython's garbage
+    collections during it timed apart), the median, the masks of the two on the states of 500
+    decoded values, a step through each (half the walks along added values, which extend base
+    ones; the two interleaved, 15 times) and a batch fill of 128 of those states."""
+    rng = random.Random(0)
+    removed = rng.sample(values, change)
+    added = [f"{v}_v2" for v in rng.sample(values, change)]
+    new_set = sorted((set(values) - set(removed)) | set(added))
+    collecting: list[float] = []  # CPython's garbage collections during the first call, timed
+
+    def collection(phase: str, info: dict[str, Any]) -> None:
+        collecting.append(time.perf_counter() * (-1 if phase == "start" else 1))
+
+    gc.callbacks.append(collection)
+    started = time.perf_counter()
+    automaton.with_values(added=added, removed=removed)
+    found: dict[str, Any] = {"k": len(values), "change": change, "update_first_s": time.perf_counter() - started}
+    gc.callbacks.remove(collection)
+    found["update_first_gc_s"] = sum(collecting) if len(collecting) % 2 == 0 else 0.0
+    found["recompile_s"] = _median_seconds(lambda: compiler.compile(new_set), 5)
+    found["update_s"] = _median_seconds(lambda: automaton.with_values(added=added, removed=removed), 9)
+    updated = automaton.with_values(added=added, removed=removed)
+    fresh = compiler.compile(new_set)
+    checked = differences = 0
+    for path_tokens in byte_paths(compiler, rng.sample(new_set, 450) + removed[:50]):
+        u, f = updated.initial_state, fresh.initial_state
+        for token in path_tokens:
+            checked += 1
+            differences += not np.array_equal(updated.allowed_token_ids(u), fresh.allowed_token_ids(f))
+            u, f = updated.next_state(u, token), fresh.next_state(f, token)
+            if f < 0:
+                differences += u >= 0
+                break
+    found["update_states_checked"], found["update_mask_differences"] = checked, differences
+    paths = byte_paths(compiler, rng.sample(new_set, 32) + rng.sample(added, 32))
+    bitmask = np.zeros((1, (compiler.vocab.vocab_size + 31) // 32), dtype=np.int32)
+
+    def steps(target: TrieAutomaton) -> float:
+        total = count = 0.0
+        for tokens in paths:
+            matcher = Matcher(target)
+            started = time.perf_counter()
+            for token in tokens:
+                matcher.fill_next_token_bitmask(bitmask)
+                matcher.accept_token(token)
+            total += time.perf_counter() - started
+            count += len(tokens)
+        return total / count
+
+    timed: dict[str, list[float]] = {"fresh": [], "updated": []}
+    for _ in range(15):  # (interleaved: a slower spell of the machine hits both)
+        timed["fresh"].append(steps(fresh))
+        timed["updated"].append(steps(updated))
+    found["step_fresh_s"], found["step_updated_s"] = (statistics.median(timed[name]) for name in ("fresh", "updated"))
+    batch = np.zeros((128, bitmask.shape[1]), dtype=np.int32)
+    for name, target in (("fresh", fresh), ("updated", updated)):
+        walked = []  # the states along the walks, 128 of them as a batch
+        for tokens in paths:
+            state = target.initial_state
+            for token in tokens:
+                walked.append(state)
+                state = target.next_state(state, token)
+        states = np.asarray(walked[:: max(1, len(walked) // 128)][:128], dtype=np.int64)
+        found[f"batch_{name}_s"] = _median_seconds(lambda t=target, s=states: t.fill_bitmask(batch, s), 51)
+    return found
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks lifecycle", description=__doc__.splitlines()[0])
     parser.add_argument("--k", type=int, default=100_000)
+    parser.add_argument("--large-k", type=int, default=1_000_000, help="the updates again on this many (0: not)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     options = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as scratch:
@@ -142,68 +212,32 @@ def main(argv: list[str] | None = None) -> None:
         }
         results["processes"] = processes(path)
 
-        rng = random.Random(0)
-        removed = rng.sample(values, 100)
-        added = [f"{v}_v2" for v in rng.sample(values, 100)]
-        new_set = sorted((set(values) - set(removed)) | set(added))
-        collecting: list[float] = []  # CPython's garbage collections during the first call, timed
-
-        def collection(phase: str, info: dict[str, Any]) -> None:
-            collecting.append(time.perf_counter() * (-1 if phase == "start" else 1))
-
-        gc.callbacks.append(collection)
-        started = time.perf_counter()
-        automaton.with_values(added=added, removed=removed)
-        results["update_first_s"] = time.perf_counter() - started
-        gc.callbacks.remove(collection)
-        results["update_first_gc_s"] = sum(collecting) if len(collecting) % 2 == 0 else 0.0
-        results["recompile_s"] = _median_seconds(lambda: compiler.compile(new_set), 5)
-        results["update_s"] = _median_seconds(lambda: automaton.with_values(added=added, removed=removed), 9)
-        updated = automaton.with_values(added=added, removed=removed)
-        fresh = compiler.compile(new_set)
-        checked = differences = 0
-        for path_tokens in byte_paths(compiler, rng.sample(new_set, 450) + removed[:50]):
-            u, f = updated.initial_state, fresh.initial_state
-            for token in path_tokens:
-                checked += 1
-                differences += not np.array_equal(updated.allowed_token_ids(u), fresh.allowed_token_ids(f))
-                u, f = updated.next_state(u, token), fresh.next_state(f, token)
-                if f < 0:
-                    differences += u >= 0
-                    break
-        results["update_states_checked"], results["update_mask_differences"] = checked, differences
-        paths = byte_paths(compiler, rng.sample(new_set, 32) + rng.sample(added, 32))
-        bitmask = np.zeros((1, (vocab.vocab_size + 31) // 32), dtype=np.int32)
-
-        def steps(target: TrieAutomaton) -> float:
-            total = count = 0.0
-            for tokens in paths:
-                matcher = Matcher(target)
-                started = time.perf_counter()
-                for token in tokens:
-                    matcher.fill_next_token_bitmask(bitmask)
-                    matcher.accept_token(token)
-                total += time.perf_counter() - started
-                count += len(tokens)
-            return total / count
-
-        results["step_fresh_s"] = statistics.median(steps(fresh) for _ in range(5))
-        results["step_updated_s"] = statistics.median(steps(updated) for _ in range(5))
-        batch = np.zeros((128, bitmask.shape[1]), dtype=np.int32)
-        for name, target in (("fresh", fresh), ("updated", updated)):
-            walked = []  # the states along the walks, 128 of them as a batch
-            for tokens in paths:
-                state = target.initial_state
-                for token in tokens:
-                    walked.append(state)
-                    state = target.next_state(state, token)
-            states = np.asarray(walked[:: max(1, len(walked) // 128)][:128], dtype=np.int64)
-            results[f"batch_{name}_s"] = _median_seconds(lambda t=target, s=states: t.fill_bitmask(batch, s), 51)
+        results["updates"] = [updates(compiler, automaton, values, 100)]
+        if options.large_k:
+            large = synthetic_tools(options.large_k)
+            results["updates"].append(updates(compiler, compiler.compile(large), large, options.large_k // 1000))
         results.update(schema_files(compiler, values[:10_000], Path(scratch)))
     options.out.mkdir(parents=True, exist_ok=True)
     (options.out / "lifecycle.json").write_text(json.dumps(results, indent=1) + "\n")
     (options.out / "lifecycle.md").write_text(markdown(results))
     print(markdown(results))
+
+
+def _update_lines(u: dict[str, Any]) -> list[str]:
+    on = f"{u['change']:,} + {u['change']:,} on {u['k']:,}"
+    return [
+        f"| {on}: recompile the new set | {u['recompile_s'] * 1e3:.1f} ms |",
+        f"| {on}: `with_values`, first call on the automaton / median | "
+        f"{u['update_first_s'] * 1e3:.2f} ms ({u['recompile_s'] / u['update_first_s']:.0f}x faster) / "
+        f"{u['update_s'] * 1e3:.2f} ms ({u['recompile_s'] / u['update_s']:.0f}x faster) |",
+        f"| {on}: of the first call, CPython's garbage collection during it | {u['update_first_gc_s'] * 1e3:.2f} ms |",
+        f"| {on}: mask differences, updated vs recompiled | {u['update_mask_differences']} of "
+        f"{u['update_states_checked']:,} states |",
+        f"| {on}: step (Matcher), recompiled / updated | {u['step_fresh_s'] * 1e6:.2f} us / "
+        f"{u['step_updated_s'] * 1e6:.2f} us ({u['step_updated_s'] / u['step_fresh_s']:.2f}x) |",
+        f"| {on}: batch fill of 128 states, recompiled / updated | {u['batch_fresh_s'] * 1e6:.1f} us / "
+        f"{u['batch_updated_s'] * 1e6:.1f} us ({u['batch_updated_s'] / u['batch_fresh_s']:.2f}x) |",
+    ]
 
 
 def markdown(r: dict[str, Any]) -> str:
@@ -223,18 +257,7 @@ def markdown(r: dict[str, Any]) -> str:
             f"{second['private_kb']:,} kB |",
             f"| Compiler for Qwen2.5: first process ({first['index_source']}) / second ({second['index_source']}) | "
             f"{first['index_s'] * 1e3:.0f} ms / {second['index_s'] * 1e3:.0f} ms |",
-            f"| recompile the set with 100 values added and 100 removed | {r['recompile_s'] * 1e3:.1f} ms |",
-            f"| `with_values(added=100, removed=100)`: first call in the process / median | "
-            f"{r['update_first_s'] * 1e3:.2f} ms ({r['recompile_s'] / r['update_first_s']:.0f}x faster) / "
-            f"{r['update_s'] * 1e3:.2f} ms ({r['recompile_s'] / r['update_s']:.0f}x faster) |",
-            f"| of the first call: CPython's garbage collection during it | "
-            f"{r.get('update_first_gc_s', 0.0) * 1e3:.2f} ms |",
-            f"| mask differences, updated vs recompiled | {r['update_mask_differences']} of "
-            f"{r['update_states_checked']:,} states |",
-            f"| step (Matcher): recompiled / updated | {r['step_fresh_s'] * 1e6:.2f} us / "
-            f"{r['step_updated_s'] * 1e6:.2f} us ({r['step_updated_s'] / r['step_fresh_s']:.2f}x) |",
-            f"| batch fill of 128 states: recompiled / updated | {r['batch_fresh_s'] * 1e6:.1f} us / "
-            f"{r['batch_updated_s'] * 1e6:.1f} us ({r['batch_updated_s'] / r['batch_fresh_s']:.2f}x) |",
+            *(line for u in r["updates"] for line in _update_lines(u)),
             f"| JSON schema with a {r['schema_values']:,}-value enum: compile / load its "
             f"{r['schema_file_bytes'] / 1e6:.1f} MB file | {r['schema_compile_s'] * 1e3:.1f} ms / "
             f"{r['schema_load_s'] * 1e3:.1f} ms |",

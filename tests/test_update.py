@@ -115,7 +115,7 @@ def test_an_update_is_merged_at_lookup_and_compacts_on_demand() -> None:
     fresh = compiler.compile(expected)
     assert_equal_languages(updated, fresh)
     stats = updated.stats()
-    assert stats["added"] == len(added) and stats["removed"] == len(set(removed)) and stats["rewritten_nodes"] > 0
+    assert stats["added"] == len(added) and stats["removed"] == len(set(removed)) and stats["cut_nodes"] > 0
     matcher = Matcher(updated)
     assert (
         matcher.accept_tokens(compiler.vocab.encode("slack.get_users") if hasattr(compiler.vocab, "encode") else [])
@@ -180,8 +180,9 @@ def test_bad_updates_are_named() -> None:
 @pytest.mark.parametrize("big", [False, True])
 def test_batch_calls_equal_their_rows(big: bool) -> None:
     """next_states, allowed_token_pairs and fill_bitmask over a batch (one call per part)
-    equal the same calls row by row, at live, rewritten, DEAD and final states; with more
-    than 2**31 pair states, next_states returns them whole (int64)."""
+    equal the same calls row by row, at live, cut, DEAD and final states. The states number
+    the parts' states and the delta's nodes paired, not every pair: a base of 100,000 values
+    with a delta of 2,000 (over 2**31 pairs) keeps int32 states and its C kernel."""
     compiler = Compiler(byte_vocabulary([b"ab", b"abc", b"_x"]), disk_cache=False)
     rng = random.Random(int(big))
     count, longest = (100_000, 14) if big else (400, 9)
@@ -191,7 +192,7 @@ def test_batch_calls_equal_their_rows(big: bool) -> None:
     added = [f"{v}_new" for v in rng.sample(values, len(values) // 50)]
     updated = base.with_values(added=added, removed=removed)
     assert isinstance(updated, UpdatedTrieAutomaton)
-    assert (updated.num_states > 2**31) == big
+    assert updated.num_states < 2**31 and (updated._kernel is not None) == (kernels.KERNELS is not None)
     # states met along the values' byte paths (rewritten nodes included), and DEAD
     byte_tokens = compiler.single_byte_tokens()
     states = {DEAD, updated.initial_state}
@@ -207,7 +208,7 @@ def test_batch_calls_equal_their_rows(big: bool) -> None:
     tokens = np.asarray([rng.randrange(compiler.vocab.vocab_size) for _ in batch], dtype=np.int64)
     found = updated.next_states(batch, tokens)
     assert found.tolist() == [updated.next_state(int(s), int(t)) for s, t in zip(batch, tokens, strict=True)]
-    assert found.dtype == (np.int64 if big else np.int32)
+    assert found.dtype == np.int32
     rows, ids = updated.allowed_token_pairs(batch)
     for i, state in enumerate(batch.tolist()):
         assert ids[rows == i].tolist() == updated.allowed_token_ids(state).tolist()
@@ -237,9 +238,8 @@ def test_the_c_lookups_equal_the_reference() -> None:
     reference = base.with_values(added=sorted(set(added) - set(values)), removed=removed)
     assert isinstance(native, UpdatedTrieAutomaton) and native._kernel is not None
     reference._kernel = None
-    # the pairs both parts reach ("a" and the added values extending base ones) are merged
-    assert native.stats()["merged_nodes"] > 0 == reference.stats()["merged_nodes"]
-    assert native.memory_bytes > reference.memory_bytes  # (the kernel's tables counted)
+    assert native.stats()["cut_tokens"] > 0 and native.stats()["cut_nodes"] == reference.stats()["cut_nodes"]
+    assert native.memory_bytes > reference.memory_bytes  # (the kernel's table counted)
     states, frontier = {DEAD}, [native.initial_state]
     while frontier and len(states) < 3_000:  # breadth-first over the reachable states
         state = frontier.pop(0)
@@ -284,25 +284,33 @@ def test_the_c_walks_and_tombstones_equal_the_reference(
     values: list[str], picks: list[int], eos: bool, merges: list[str]
 ) -> None:
     """with_values's two passes over the base, walk_paths and tombstone_edges in C, against
-    the NumPy reference (KERNELS off) on random sets and removals."""
+    the NumPy reference (KERNELS off) on random sets and removals: the walks of the removed
+    values and of others (prefixes, extensions, strangers: no value at their end), then the
+    cut pass over the removed ones; the partners of a delta of the others."""
     compiler = Compiler(byte_vocabulary([m.encode() for m in merges]), disk_cache=False)
     base = compiler.compile(values, eos=eos)
     removed = sorted({values[i % len(values)] for i in picks})
+    others = sorted(({v[:-1] for v in removed} | {f"{v}a" for v in removed} | {"zz", ""}) - set(values))
     byte_tokens = compiler.single_byte_tokens()
+    delta = compiler.compile(others, eos=eos)  # (the values not in the base, added)
     native = kernels.KERNELS
     found = {}
     for name, table in (("c", native), ("reference", None)):
         kernels.KERNELS = table
         try:
-            paths, lengths = _update._walks(base, removed, byte_tokens)
-            rewritten, indices = _update._tombstones(base, paths, lengths, byte_tokens)
+            paths, lengths, ends = _update._walks(base, removed + others, byte_tokens)
+            cut, indices = _update._tombstones(base, paths[: len(removed)], lengths[: len(removed)], byte_tokens)
+            partner = _update._partners(delta, others, byte_tokens, paths[len(removed) :])
         finally:
             kernels.KERNELS = native
+        assert (ends[: len(removed)] >= 0).all() and (ends[len(removed) :] == -1).all()
         found[name] = (
             paths.tolist(),
             lengths.tolist(),
-            [a.tolist() for a in vars(rewritten).values()],
+            ends.tolist(),
+            [a.tolist() for a in vars(cut).values()],
             indices.tolist(),
+            partner.tolist(),
         )
     assert found["c"] == found["reference"]
 
@@ -316,3 +324,54 @@ def test_single_byte_tokens_are_found_once_and_read_only() -> None:
     assert found[ord("a")] >= 0 and not found.flags.writeable
     with pytest.raises(ValueError):
         found[0] = 5
+
+
+@pytest.mark.skipif(kernels.KERNELS is None, reason="the C extension is not built")
+def test_the_c_update_passes_refuse_what_is_not_theirs() -> None:
+    """walk_paths, tombstone_edges, partner_nodes and updated_kernel check what they are given
+    (a ValueError or TypeError, never a read out of bounds): walks leaving the trie or ending
+    where no value does, nodes out of range, tables of the wrong size, unsorted cut tokens,
+    partners out of range."""
+    native = kernels.KERNELS
+    compiler = Compiler(byte_vocabulary([b"ab"]), disk_cache=False)
+    base, delta = compiler.compile(["ab", "abc", "b"]), compiler.compile(["abd"])
+    kernel, delta_kernel = base._kernel, delta._kernel
+    byte_tokens = compiler.single_byte_tokens()
+    ends = _update._value_ends(base)
+    single = _update._single(byte_tokens)
+    eos = np.asarray(base.eos_token_ids, dtype=np.int64)
+    paths, lengths, found = _update._walks(base, ["ab", "abd"], byte_tokens)
+    assert found.tolist()[0] >= 0 and found.tolist()[1] == -1  # ("abd" leaves the trie)
+    with pytest.raises(ValueError):
+        native.walk_paths(kernel, [b"ab", "ab"], byte_tokens, base.initial_state, *ends)
+    with pytest.raises(ValueError):
+        native.walk_paths(kernel, [b"ab"], byte_tokens[:255], base.initial_state, *ends)
+    with pytest.raises(ValueError):
+        native.walk_paths(kernel, [b"ab"], byte_tokens, base.num_nodes, *ends)
+
+    def tombstones(walks: np.ndarray, walk_lengths: np.ndarray) -> object:
+        return native.tombstone_edges(kernel, walks, walk_lengths, single, eos, *ends, base.initial_state)
+
+    assert len(tombstones(paths[:1], lengths[:1])) == 4
+    for walks, walk_lengths in (
+        (paths[1:], lengths[1:]),  # leaves the trie
+        (paths[:1], lengths[:1] - 1),  # ends where no value does ("a")
+        (np.where(paths[:1] >= 0, base.num_nodes + 5, paths[:1]), lengths[:1]),  # nodes out of range
+        (paths[:1], lengths[:1] + 5),  # longer than its row
+    ):
+        with pytest.raises(ValueError):
+            tombstones(np.ascontiguousarray(walks), np.ascontiguousarray(walk_lengths))
+    with pytest.raises(ValueError):  # a walk narrower than its value
+        native.partner_nodes(delta_kernel, [b"abd"], byte_tokens, np.zeros((1, 3), dtype=np.int64))
+    partner = native.partner_nodes(delta_kernel, [b"abd"], byte_tokens, paths[1:])
+    assert np.frombuffer(partner, dtype=np.int32).tolist()[:3] == paths[1, :3].tolist()
+    cut = [np.asarray(a, dtype=np.int32) for a in ([1], [0, 2], [5, 3])]  # tokens unsorted
+    fine = np.frombuffer(partner, dtype=np.int32)
+    num_states = base.num_states + delta.num_states + delta.num_nodes
+    with pytest.raises(ValueError):
+        native.updated_kernel(kernel, delta_kernel, *cut, fine, num_states)
+    cut[2] = np.asarray([3, 5], dtype=np.int32)
+    assert native.updated_kernel(kernel, delta_kernel, *cut, fine, num_states) is not None
+    for wrong, states in ((np.full_like(fine, base.num_nodes), num_states), (fine[:-1], num_states), (fine, 7)):
+        with pytest.raises(ValueError):
+            native.updated_kernel(kernel, delta_kernel, *cut, wrong, states)

@@ -8,7 +8,7 @@ from .lazy import DEFAULT_CACHE_BYTES, LAZY_BLOCK, LAZY_DEAD, LAZY_TERMINAL, Laz
 from .lazy_dag import LazyDagAutomaton
 from .protocol import Automaton
 from .trie import TrieAutomaton, automaton_from_bytes, native_kernel, restore_parts, restore_stored
-from .updated import RewrittenEdges, UpdatedTrieAutomaton
+from .updated import CutEdges, UpdatedTrieAutomaton
 
 __all__ = [
     "DEAD",
@@ -18,11 +18,11 @@ __all__ = [
     "LAZY_TERMINAL",
     "Automaton",
     "AutomatonMeta",
+    "CutEdges",
     "DagAutomaton",
     "DagLanguage",
     "LazyDagAutomaton",
     "LazyTrieAutomaton",
-    "RewrittenEdges",
     "TrieAutomaton",
     "UpdatedTrieAutomaton",
     "automaton_from_bytes",

@@ -611,6 +611,11 @@ class TrieAutomaton(AutomatonBase):
         empty sentinel). For uploading the automaton elsewhere (``DeviceAutomaton``)."""
         return self._edge_offsets, self._edge_tokens, self._edge_dests
 
+    def terminal_arrays(self) -> tuple[IntArray, IntArray]:
+        """Where the values end, read-only: ``(nodes, values)``, node ``nodes[i]`` (ascending)
+        completing the value of index ``values[i]``. For updates (``with_values``)."""
+        return self._terminal_nodes, self._terminal_values
+
     def _csr(self, nodes: npt.NDArray[np.int64]) -> tuple[IntArray, IntArray, IntArray, IntArray]:
         """The edges of a batch of nodes (the sentinel ``num_nodes`` has none) as
         ``(first, last, tokens, dests)``: node ``nodes[i]``'s are ``tokens[first[i]:last[i]]``."""

@@ -1,4 +1,4 @@
-"""UpdatedTrieAutomaton: a base automaton, tombstones and a delta automaton merged at lookup."""
+"""UpdatedTrieAutomaton: a base automaton, the edges removals cut and a delta automaton merged at lookup."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..base import ArgumentTypeError, StateError, ValueIndexError, as_bitmask_array, kernels, values_fingerprint
-from .core import DEAD, kernel_fill, kernel_next_states, kernel_pairs, set_bits, state_index
+from .core import DEAD, kernel_fill, kernel_next_states, kernel_pairs, state_index
 from .forced import forced_in_sorted
 from .trie import TrieAutomaton
 
@@ -21,37 +21,40 @@ _EMPTY.flags.writeable = False
 
 
 @dataclass(frozen=True)
-class RewrittenEdges:
-    """The base nodes whose edges the removals rewrote (ascending) and the edges each keeps,
-    as one CSR: node ``nodes[k]`` keeps ``tokens[offsets[k]:offsets[k + 1]]`` (ascending) and
-    their destinations. All int32."""
+class CutEdges:
+    """The base nodes that lost edges to the removals (ascending) and the tokens each lost, as
+    one CSR: node ``nodes[k]`` loses ``tokens[offsets[k]:offsets[k + 1]]`` (ascending) and
+    keeps its other edges, the base's own. All int32."""
 
     nodes: npt.NDArray[np.int32]
     offsets: npt.NDArray[np.int32]
     tokens: npt.NDArray[np.int32]
-    dests: npt.NDArray[np.int32]
 
-    def of(self, node: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32]] | None:
-        """Node ``node``'s tokens and destinations, or None where it was not rewritten."""
+    def of(self, node: int) -> npt.NDArray[np.int32]:
+        """The tokens node ``node`` lost (none where it was not cut)."""
         k = int(np.searchsorted(self.nodes, node))
         if k == len(self.nodes) or int(self.nodes[k]) != node:
-            return None
-        start, end = int(self.offsets[k]), int(self.offsets[k + 1])
-        return self.tokens[start:end], self.dests[start:end]
-
-    def tokens_of(self, node: int) -> npt.NDArray[np.int32]:
-        """Node ``node``'s tokens (none where it was not rewritten)."""
-        found = self.of(node)
-        return found[0] if found is not None else _EMPTY
+            return _EMPTY
+        return self.tokens[int(self.offsets[k]) : int(self.offsets[k + 1])]
 
     @property
     def nbytes(self) -> int:
-        return self.nodes.nbytes + self.offsets.nbytes + self.tokens.nbytes + self.dests.nbytes
+        return self.nodes.nbytes + self.offsets.nbytes + self.tokens.nbytes
+
+
+def _without(tokens: npt.NDArray[np.int32], cut: npt.NDArray[np.int32]) -> npt.NDArray[np.int32]:
+    """``tokens`` (ascending) less ``cut`` (ascending, each one of them)."""
+    if not len(cut):
+        return tokens
+    kept = np.ones(len(tokens), dtype=bool)
+    kept[np.searchsorted(tokens, cut)] = False
+    found: npt.NDArray[np.int32] = tokens[kept]
+    return found
 
 
 class UpdatedTrieAutomaton(TrieAutomaton):
-    """A :class:`TrieAutomaton` made by :meth:`TrieAutomaton.with_values`: its base, tombstones
-    for the removed values and a delta automaton of the added ones, merged at lookup (see
+    """A :class:`TrieAutomaton` made by :meth:`TrieAutomaton.with_values`: its base, the edges
+    the removals cut from it and a delta automaton of the added ones, merged at lookup (see
     the module :mod:`triemask.sets.update`). The same masks as a full recompile of the new set;
     other state numbers (a pair of the parts' states). Immutable; :meth:`compacted`
     recompiles it into a plain automaton, and saving or pickling saves that. With the C
@@ -63,31 +66,33 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         "_base",
         "_compact",
         "_compact_lock",
+        "_cut",
         "_delta",
         "_keys",
         "_order",
+        "_partner",
         "_recompiler",
         "_removed",
         "_removed_values",
-        "_rewritten",
-        "_span",
     )
 
     def __init__(
         self,
         base: TrieAutomaton,
         delta: TrieAutomaton | None,
-        rewritten: RewrittenEdges,
+        cut: CutEdges,
+        partner: npt.NDArray[np.int32],
         removed_indices: npt.NDArray[np.int64],
         removed_values: set[Any],
         added: Sequence[Any],
         compiler: Any,
     ) -> None:
-        self._base, self._delta, self._rewritten = base, delta, rewritten
+        self._base, self._delta, self._cut = base, delta, cut
         self._removed, self._removed_values, self._added = removed_indices, frozenset(removed_values), tuple(added)
         self._recompiler = compiler  # compacted() recompiles with it
         self._compiler = weakref.ref(compiler)
-        self._span = delta.num_states + 1 if delta is not None else 1  # delta states + DEAD
+        # per delta node, the base node spelling the same prefix (-1: none), for the pair states
+        self._partner = partner
         self._num_nodes = base.num_nodes
         self._num_values = base.num_values - len(removed_indices) + len(added)
         self._meta, self._width, self._level_offsets = base._meta, base._width, base._level_offsets
@@ -99,22 +104,16 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         self._compact_lock = threading.Lock()
 
     def _patch_kernel(self) -> Any:
-        """The C lookups over the parts (base, rewritten nodes, delta), or None without the
-        extension or where a part is not an eager trie or the pairs pass 2**31 states."""
+        """The C lookups over the parts (base, cut edges, delta), or None without the extension
+        or where a part is not an eager trie or the states pass 2**31."""
         native, base, delta = kernels.KERNELS, self._base, self._delta
         eager = type(base) is TrieAutomaton and (delta is None or type(delta) is TrieAutomaton)
         if native is None or not eager or base._kernel is None or self.num_states >= (1 << 31) - 1:
             return None
-        rewritten = self._rewritten
+        cut = self._cut
+        delta_kernel = None if delta is None else delta._kernel
         return native.updated_kernel(
-            base._kernel,
-            None if delta is None else delta._kernel,
-            rewritten.nodes,
-            rewritten.offsets,
-            rewritten.tokens,
-            rewritten.dests,
-            self._span,
-            self.num_states,
+            base._kernel, delta_kernel, cut.nodes, cut.offsets, cut.tokens, self._partner, self.num_states
         )
 
     def parts(self) -> tuple[TrieAutomaton, frozenset[Any], frozenset[Any]]:
@@ -124,16 +123,31 @@ class UpdatedTrieAutomaton(TrieAutomaton):
     # ------------------------------------------------------------------ states
 
     def _split(self, state: Any) -> tuple[int, int]:
+        """The parts' states of ``state``: [0, B) the base state alone, [B, B + D) the delta
+        state alone, above a delta node with its partner (B, D: the parts' state counts)."""
         state = state_index(state)
         if not -1 <= state < self.num_states:
             raise StateError(
                 f"state {state!r} is not a state of this automaton (DEAD or 0 <= state < {self.num_states})"
             )
-        base_code, delta_code = divmod(state + 1, self._span)
-        return base_code - 1, delta_code - 1
+        base_states, delta_states = self._base.num_states, self._delta_states
+        if state < base_states:
+            return state, DEAD
+        if state < base_states + delta_states:
+            return DEAD, state - base_states
+        delta = state - base_states - delta_states
+        return int(self._partner[delta]), delta
 
     def _join(self, base: int, delta: int) -> int:
-        return (base + 1) * self._span + delta
+        """The state of the pair; both at nodes, the base node is the delta node's partner."""
+        if delta == DEAD:
+            return base
+        paired = base != DEAD and delta < len(self._partner)  # (a final state is in one part only)
+        return self._base.num_states + delta + (self._delta_states if paired else 0)
+
+    @property
+    def _delta_states(self) -> int:
+        return self._delta.num_states if self._delta is not None else 0
 
     def _split_many(self, states: Any) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]] | None:
         """The parts' states of a batch of valid states (int64), or None when the batch is not
@@ -143,16 +157,23 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             return None
         if int(given.min()) < -1 or int(given.max()) >= self.num_states:
             return None
-        code = given.astype(np.int64) + 1
-        return code // self._span - 1, code % self._span - 1
+        code = given.astype(np.int64)
+        base_states, delta_states = self._base.num_states, self._delta_states
+        alone = code < base_states + delta_states
+        delta = np.where(alone, code - base_states, code - base_states - delta_states)
+        delta[code < base_states] = DEAD
+        base = np.where(code < base_states, code, DEAD)
+        paired = ~alone
+        base[paired] = self._partner[delta[paired]]
+        return base, delta
 
     def _plain(self, base: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
         """Which base states are live nodes the removals left as they were."""
-        rewritten = self._rewritten.nodes
-        if not len(rewritten):
+        cut = self._cut.nodes
+        if not len(cut):
             return base >= 0
-        at = np.minimum(np.searchsorted(rewritten, base), len(rewritten) - 1)  # (isin sorts: slower here)
-        plain: npt.NDArray[np.bool_] = (base >= 0) & (rewritten[at] != base)
+        at = np.minimum(np.searchsorted(cut, base), len(cut) - 1)  # (isin sorts: slower here)
+        plain: npt.NDArray[np.bool_] = (base >= 0) & (cut[at] != base)
         return plain
 
     @property
@@ -161,23 +182,20 @@ class UpdatedTrieAutomaton(TrieAutomaton):
 
     @property
     def num_states(self) -> int:
-        """The size of the state id space (pairs of the parts' states; not all reachable)."""
-        return (self._base.num_states + 1) * self._span - 1
+        """The size of the state id space: the base's states, the delta's, and its nodes paired
+        with their partners."""
+        return self._base.num_states + self._delta_states + len(self._partner)
 
     @property
     def num_values(self) -> int:
         return self._num_values
 
-    def _kernel_tables(self) -> dict[str, int]:
-        """The C kernel's own tables: merged nodes, edges and rows, and their bytes."""
-        info = self._kernel.patch_info() if self._kernel is not None else None
-        return info if info is not None else {"merged_nodes": 0, "merged_edges": 0, "merged_rows": 0, "bytes": 0}
-
     @property
     def memory_bytes(self) -> int:
-        """The base's arrays (shared with it), the delta's, the rewritten edges and the C
-        kernel's own tables (the merged nodes, a bit per base node)."""
-        own = self._rewritten.nbytes + self._removed.nbytes + self._kernel_tables()["bytes"]
+        """The base's arrays (shared with it), the delta's, the cut edges and the C kernel's
+        own table (a bit per base node)."""
+        info = self._kernel.patch_info() if self._kernel is not None else None
+        own = self._cut.nbytes + self._removed.nbytes + (info["bytes"] if info is not None else 0)
         return self._base.memory_bytes + own + (self._delta.memory_bytes if self._delta is not None else 0)
 
     @property
@@ -189,8 +207,7 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         base, delta = self._split(state)
         parts: list[npt.NDArray[np.int32]] = []
         if base >= 0:
-            override = self._rewritten.of(base)
-            parts.append(override[0] if override is not None else self._base.allowed_token_ids(base))
+            parts.append(_without(self._base.allowed_token_ids(base), self._cut.of(base)))
         if delta >= 0 and self._delta is not None:
             parts.append(self._delta.allowed_token_ids(delta))
         if len(parts) < 2:
@@ -207,8 +224,8 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         return self._join(following_base, following_delta)
 
     def next_states(self, states: npt.ArrayLike, token_ids: npt.ArrayLike) -> npt.NDArray[np.int32]:
-        """Vectorised :meth:`next_state`: one batch call per part (the rows at rewritten
-        nodes one by one). States are pairs: past 2**31 of them the result is int64."""
+        """Vectorised :meth:`next_state`: one batch call per part (the rows at cut
+        nodes one by one). Past 2**31 states the result is int64."""
         found = kernel_next_states(self._kernel, states, token_ids)
         if found is not None:
             return found
@@ -229,8 +246,10 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             if self._delta is not None:
                 live = delta >= 0
                 after_delta[live] = self._delta.next_states(delta[live], tokens[live])
-            joined = (after_base + 1) * self._span + after_delta
-            found = np.where((after_base == DEAD) & (after_delta == DEAD), DEAD, joined)
+            paired = (after_base != DEAD) & (after_delta < len(self._partner))
+            found = np.where(
+                after_delta == DEAD, after_base, self._base.num_states + self._delta_states * paired + after_delta
+            )
         return cast(npt.NDArray[np.int32], found.astype(np.int32) if self.num_states < 1 << 31 else found)
 
     def allowed_token_pairs(
@@ -254,9 +273,9 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             rows_found.append(plain[r])
             tokens_found.append(t)
         for i in np.flatnonzero((base >= 0) & ~is_plain).tolist():
-            rewritten = self._rewritten.tokens_of(int(base[i]))
-            rows_found.append(np.full(len(rewritten), i, dtype=np.int64))
-            tokens_found.append(rewritten)
+            kept = _without(self._base.allowed_token_ids(int(base[i])), self._cut.of(int(base[i])))
+            rows_found.append(np.full(len(kept), i, dtype=np.int64))
+            tokens_found.append(kept)
         live = np.flatnonzero(delta >= 0)
         if len(live) and self._delta is not None:
             r, t = self._delta.allowed_token_pairs(delta[live])
@@ -271,21 +290,20 @@ class UpdatedTrieAutomaton(TrieAutomaton):
 
     def _next_base(self, base: int, token_id: int) -> int:
         """The base part's state after ``token_id`` from live node ``base``."""
-        override = self._rewritten.of(base)
-        if override is None:
-            return self._base.next_state(base, token_id)
-        i = int(np.searchsorted(override[0], token_id))
-        return int(override[1][i]) if i < len(override[0]) and override[0][i] == token_id else DEAD
+        cut = self._cut.of(base)
+        i = int(np.searchsorted(cut, token_id))
+        if i < len(cut) and cut[i] == token_id:
+            return DEAD
+        return self._base.next_state(base, token_id)
 
     def _fill_row(self, row: npt.NDArray[np.int32], state: int) -> None:
         base, delta = self._split(state)
-        override = self._rewritten.of(base) if base >= 0 else None
-        if base >= 0 and override is None:
-            self._base.fill_row(row[None, :], base)  # the base's own (C) fill
+        if base >= 0:
+            self._base.fill_row(row[None, :], base)  # the base's own (C) fill, less the cut tokens
+            cut = self._cut.of(base)
+            np.bitwise_and.at(row.view(np.uint32), cut >> 5, ~np.left_shift(np.uint32(1), (cut & 31).astype(np.uint32)))
         else:
             row.fill(0)
-            if override is not None:
-                set_bits(row, override[0] >> 5, override[0])
         if delta >= 0 and self._delta is not None:  # OR in the delta's row (its own C fill)
             extra = np.empty((1, len(row)), dtype=np.int32)
             self._delta.fill_row(extra, delta)
@@ -314,12 +332,8 @@ class UpdatedTrieAutomaton(TrieAutomaton):
         plain = self._plain(base)
         if plain.any():  # the base's own batch fill for the rows it answers alone
             self._base.fill_bitmask(array, base[plain], rows=at[plain])
-        for i in np.flatnonzero(~plain).tolist():  # DEAD or a rewritten node
-            row = array[at[i]]
-            row.fill(0)
-            if base[i] >= 0:
-                rewritten = self._rewritten.tokens_of(int(base[i]))
-                set_bits(row, rewritten >> 5, rewritten)
+        for i in np.flatnonzero(~plain).tolist():  # DEAD or a cut node
+            self._fill_row(array[at[i]], self._join(int(base[i]), DEAD))
         live = np.flatnonzero(delta >= 0)
         if len(live) and self._delta is not None:  # OR in the delta's tokens: few, set bit by bit
             r, t = self._delta.allowed_token_pairs(delta[live])
@@ -419,9 +433,8 @@ class UpdatedTrieAutomaton(TrieAutomaton):
             "base_values": self._base.num_values,
             "added": len(self._added),
             "removed": len(self._removed),
-            "rewritten_nodes": len(self._rewritten.nodes),
-            # the pairs where both parts are at nodes, merged in the C kernel (0 without it)
-            "merged_nodes": self._kernel_tables()["merged_nodes"],
+            "cut_nodes": len(self._cut.nodes),
+            "cut_tokens": len(self._cut.tokens),
             "states": self.num_states,
             "memory_bytes": self.memory_bytes,
             "eos": self._meta.eos,

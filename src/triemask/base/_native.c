@@ -87,8 +87,10 @@ static PyMethodDef module_methods[] = {
     {"updated_kernel", updated_kernel, METH_VARARGS,
      "A Kernel over an updated set's parts (see triemask.automata.updated)."},
     {"walk_paths", walk_paths, METH_VARARGS, "The values' walks down a trie (see triemask.sets.update._walks)."},
+    {"partner_nodes", partner_nodes, METH_VARARGS,
+     "Per delta node, the base node of the same prefix (see triemask.sets.update._partners)."},
     {"tombstone_edges", tombstone_edges, METH_VARARGS,
-     "The edges the removals rewrite (see triemask.sets.update._tombstones)."},
+     "The edges the removals cut (see triemask.sets.update._tombstones)."},
     {"split_tokens", split_tokens, METH_VARARGS,
      "split_tokens(data, offsets, lengths): each token's bytes, or None (VocabularySupport.tokens)."},
     {"lex_tokens", lex_tokens, METH_VARARGS,
@@ -127,7 +129,7 @@ static PyMethodDef Kernel_methods[] = {
     {"cache_info", (PyCFunction)Kernel_cache_info, METH_NOARGS, "The lazy cache's counters (None when eager)."},
     {"cache_clear", (PyCFunction)Kernel_cache_clear, METH_NOARGS, "Drop the lazy cache's rows."},
     {"patch_info", (PyCFunction)Kernel_patch_info, METH_NOARGS,
-     "An updated set's merged nodes, edges, rows and the bytes of its own tables (None for other kernels)."},
+     "An updated set's cut nodes and tokens and the bytes of its own table (None for other kernels)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -67,6 +67,17 @@ EdgeTable = tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.i
 """A CSR of edges by node: ``(tokens, dests, offsets)``."""
 
 
+def _single_byte_tokens(vocab: Vocabulary) -> npt.NDArray[np.int64]:
+    """For each byte value, the smallest id of a token that is exactly that byte (-1: none),
+    read-only."""
+    found = np.full(256, -1, dtype=np.int64)
+    lengths, offsets, data = vocab.byte_table()
+    order = np.flatnonzero(lengths == 1)[::-1]  # the smallest id written last
+    found[np.frombuffer(data, dtype=np.uint8)[offsets[order]]] = order
+    found.setflags(write=False)
+    return found
+
+
 class SetCompiler:
     """Compiles sets of values, patterns and formats against one vocabulary: the set half of
     :class:`triemask.Compiler` (which adds JSON schemas and tool lists; its docstring has the
@@ -80,7 +91,7 @@ class SetCompiler:
         if not isinstance(vocab, Vocabulary):
             raise ArgumentTypeError(f"Compiler needs a triemask.Vocabulary, got {type(vocab).__qualname__}")
         self._vocab = vocab
-        self._byte_tokens: npt.NDArray[np.int64] | None = None
+        self._byte_tokens = _single_byte_tokens(vocab)  # (with the index: an update's first call reads it)
         directory = (Path(cache_dir) if cache_dir is not None else cache_directory()) if disk_cache else None
         self._index, self._index_source = TokenIndex.cached(vocab, directory)
 
@@ -92,15 +103,6 @@ class SetCompiler:
     def single_byte_tokens(self) -> npt.NDArray[np.int64]:
         """For each byte value, the smallest id of a token that is exactly that byte (-1: none);
         read-only, found once per compiler (a scan of the vocabulary each update would repeat)."""
-        if self._byte_tokens is None:
-            found = np.full(256, -1, dtype=np.int64)
-            lengths, offsets, data = self._vocab.byte_table()
-            ids = np.flatnonzero(lengths == 1)
-            raw = np.frombuffer(data, dtype=np.uint8)
-            order = ids[::-1]  # the smallest id written last
-            found[raw[offsets[order]]] = order
-            found.setflags(write=False)
-            self._byte_tokens = found
         return self._byte_tokens
 
     def stats(self) -> dict[str, Any]:

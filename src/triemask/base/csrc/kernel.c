@@ -16,10 +16,13 @@
 #define NO_MEMORY INT32_MIN   /* next_of's answer when a lazy node's edges could not be built */
 
 /* (a hot loop kept out of line where inlining it into its caller costs it registers) */
+/* (a read of memory soon needed started early, where the loop cannot see that far ahead) */
 #if defined(__GNUC__)
 #define NOINLINE __attribute__((noinline))
+#define PREFETCH(address) __builtin_prefetch(address)
 #else
 #define NOINLINE
+#define PREFETCH(address) ((void)(address))
 #endif
 
 /* Bytes in 54 groups: each ASCII punctuation character and digit alone, letters in four ranges
@@ -147,26 +150,24 @@ typedef struct {
 } Lazy;
 
 /* An updated set (UpdatedTrieAutomaton): its base automaton's Kernel, the delta's (the added
- * values; NULL when none were added) and the base nodes whose edges the removals rewrote, as a
- * CSR of their own. A state is the pair (base state b, delta state d) as (b + 1) * span + d,
- * span = the delta's states + 1 (DEAD); a token is allowed where either part allows it.
- *
- * Where both parts are at nodes (a prefix of base and added values alike: near the root, or
- * an added value extending a base one), a lookup would cost two; those pairs are few (at most
- * one per delta node, its prefix's base node) and their merged edges are made once, when the
- * kernel is built: `shared[d]` is the merged node of delta node d (or -1), `shared_base` its
- * base partner, the CSR `merged_*` its edges with the joined destination states, and
- * `merged_rows` a whole row for the merged nodes allowing half a row's worth of tokens. */
+ * values; NULL when none were added) and the base nodes whose edges the removals cut, with the
+ * tokens each loses, as a CSR of their own. A state is a pair (base state, delta state), one
+ * part DEAD (-1) or both at nodes of the same prefix, numbered in three ranges: [0, B) the base
+ * state alone, [B, B + D) the delta state alone, [B + D, B + D + Dn) delta node d with its
+ * partner[d], the base node spelling the same prefix (B, D: the parts' state counts, Dn the
+ * delta's nodes); no division, and as many states as the parts have (a pair number would
+ * pass 2**31 with a delta of thousands on a base of millions). A token is allowed where either
+ * part allows it, the base's less the cut tokens. Nothing of the base is copied: a step looks the
+ * token up in each part at a node (and in the node's cut tokens where the base part was cut: a
+ * bit per base node tells), a fill writes the base's row, clears the cut tokens' bits and ORs in
+ * the delta's. Building one costs the cut tokens, not the rows they are cut from. */
 typedef struct {
-    PyObject *base, *delta;               /* Kernels, owned references */
-    int64_t span;
-    Py_buffer nodes, offsets, tokens, dests; /* int32: rewritten nodes ascending, their edges */
-    int held;                              /* how many of the buffers are held */
-    uint64_t *rewritten;                   /* a bit per base node: set where its edges were rewritten */
-    int32_t *shared, *shared_base;         /* per delta node / per merged node */
-    int32_t *merged_offsets, *merged_tokens, *merged_dests, *merged_dense; /* merged_dense: row index or -1 */
-    int32_t *merged_rows;
-    int64_t merged, merged_edges, rows, owned_bytes; /* counts of the tables above, and their bytes */
+    PyObject *base, *delta;             /* Kernels, owned references */
+    int64_t base_states, delta_states;  /* B and D */
+    Py_buffer nodes, offsets, tokens;   /* int32: the cut nodes ascending, the tokens each loses */
+    Py_buffer partner;                  /* int32 per delta node: its base node, or -1 */
+    int held;                           /* how many of the buffers are held */
+    uint64_t *cut;                      /* a bit per base node: set where it lost tokens */
 } Patch;
 
 typedef struct {
@@ -234,18 +235,14 @@ static void Kernel_dealloc(Kernel *self) {
     }
     lazy_free(self->lazy);
     if (self->patch != NULL) {
-        Py_buffer *parts[4] = {&self->patch->nodes, &self->patch->offsets, &self->patch->tokens, &self->patch->dests};
+        Py_buffer *parts[4] = {&self->patch->nodes, &self->patch->offsets, &self->patch->tokens,
+                               &self->patch->partner};
         for (int i = 0; i < self->patch->held; i++) {
             PyBuffer_Release(parts[i]);
         }
         Py_XDECREF(self->patch->base);
         Py_XDECREF(self->patch->delta);
-        PyMem_Free(self->patch->rewritten), PyMem_Free(self->patch->shared);
-        void *grown[6] = {self->patch->shared_base,   self->patch->merged_offsets, self->patch->merged_tokens,
-                          self->patch->merged_dests, self->patch->merged_dense,   self->patch->merged_rows};
-        for (int i = 0; i < 6; i++) {
-            free(grown[i]); /* (Int32s buffers) */
-        }
+        PyMem_Free(self->patch->cut);
         PyMem_Free(self->patch);
     }
     Py_TYPE(self)->tp_free((PyObject *)self);
@@ -332,10 +329,8 @@ static int exact_int(PyObject *obj, int64_t *out) {
     return 1;
 }
 
-/* Sort a node's edge keys ascending (keys are distinct): insertion sort for the few edges
- * most nodes have, quicksort with median-of-three pivots above, no comparator calls. */
-/* A growing int32 array, malloc'd (usable with the GIL released): the walks' stacks and finds, the
- * patch tables of an updated set, the tombstone pass's rows. */
+/* A growing int32 array, malloc'd (usable with the GIL released): the walks' stacks and finds,
+ * the tombstone pass's cuts. */
 typedef struct {
     int32_t *data;
     int64_t size, capacity;
@@ -394,6 +389,9 @@ static int ints_concat(Int32s *v, const int32_t *data, int64_t count) {
     return 0;
 }
 
+/* Sort keys ascending (a node's edge keys, distinct; the tombstone pass's nodes): insertion
+ * sort for the few edges most nodes have, quicksort with median-of-three pivots above, no
+ * comparator calls. */
 static void sort_keys(uint64_t *a, int64_t n) {
     while (n > 24) {
         uint64_t x = a[0], y = a[n / 2], z = a[n - 1];

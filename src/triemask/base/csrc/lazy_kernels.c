@@ -471,16 +471,16 @@ static PyObject *Kernel_cache_info(Kernel *self, PyObject *unused) {
                          z->evictions);
 }
 
-/* patch_info(): an updated set's merged nodes, their edges and whole rows, and the bytes of the
- * kernel's own tables (None for any other kernel) */
+/* patch_info(): an updated set's cut nodes and tokens, and the bytes of the kernel's own
+ * table (the bit per base node); None for any other kernel */
 static PyObject *Kernel_patch_info(Kernel *self, PyObject *unused) {
     Patch *p = self->patch;
     if (p == NULL) {
         Py_RETURN_NONE;
     }
-    return Py_BuildValue("{s:L,s:L,s:L,s:L}", "merged_nodes", (long long)p->merged, "merged_edges",
-                         (long long)p->merged_edges, "merged_rows", (long long)p->rows, "bytes",
-                         (long long)p->owned_bytes);
+    long long bits = 8 * (((const Kernel *)p->base)->num_nodes / 64 + 1);
+    return Py_BuildValue("{s:n,s:n,s:L}", "cut_nodes", p->nodes.shape[0], "cut_tokens", p->tokens.shape[0], "bytes",
+                         bits);
 }
 
 /* cache_clear(): drop every cached row (counters kept) */

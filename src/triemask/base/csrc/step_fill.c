@@ -196,90 +196,69 @@ static inline int plain_fill(const Kernel *self, int32_t *row, int64_t node, int
 
 typedef struct {
     int64_t base, delta; /* the parts' states (-1: DEAD) */
-    Py_ssize_t rewritten; /* the base node's index among the rewritten nodes, or -1 */
+    const int32_t *cut;  /* the tokens the base node lost, ascending (cut_count of them) */
+    int32_t cut_count;
 } Parts;
 
+
 static inline Parts parts_of(const Patch *p, int64_t state) {
-    Parts out;
-    int64_t code = state + 1;
-    out.base = code / p->span - 1;
-    out.delta = code % p->span - 1;
-    out.rewritten = -1;
+    Parts out = {-1, -1, NULL, 0};
+    if (state < p->base_states) { /* (DEAD included) */
+        out.base = state;
+    } else if (state < p->base_states + p->delta_states) {
+        out.delta = state - p->base_states;
+    } else {
+        out.delta = state - p->base_states - p->delta_states;
+        out.base = ((const int32_t *)p->partner.buf)[out.delta];
+    }
     if (out.base >= 0 && out.base < ((const Kernel *)p->base)->num_nodes &&
-        (p->rewritten[out.base >> 6] >> (out.base & 63) & 1)) {
-        out.rewritten = find_int32((const int32_t *)p->nodes.buf, p->nodes.shape[0], out.base);
+        (p->cut[out.base >> 6] >> (out.base & 63) & 1)) {
+        const int32_t *offsets = (const int32_t *)p->offsets.buf;
+        Py_ssize_t k = find_int32((const int32_t *)p->nodes.buf, p->nodes.shape[0], out.base);
+        out.cut = (const int32_t *)p->tokens.buf + offsets[k]; /* (a set bit is a listed node) */
+        out.cut_count = offsets[k + 1] - offsets[k];
     }
     return out;
 }
 
-/* The rewritten node's edges (index `k` among them). */
-static inline Edges rewritten_edges(const Patch *p, Py_ssize_t k) {
-    const int32_t *offsets = (const int32_t *)p->offsets.buf;
-    Edges e;
-    e.tokens = (const int32_t *)p->tokens.buf + offsets[k];
-    e.dests = (const int32_t *)p->dests.buf + offsets[k];
-    e.count = offsets[k + 1] - offsets[k];
-    e.row = NULL;
-    return e;
-}
-
-/* The merged node of a state whose parts are both at nodes (its delta node's, when the base
- * part is that node's partner), or -1. */
-static inline int32_t merged_node(const Patch *p, int64_t state) {
-    int64_t code = state + 1, base = code / p->span - 1, delta = code % p->span - 1;
-    if (base < 0 || delta < 0 || p->delta == NULL || delta >= ((const Kernel *)p->delta)->num_nodes) {
-        return -1;
+/* The state of the pair (base, delta), either DEAD (see Patch): both at nodes, the base one is
+ * the delta node's partner (the same prefix), and a delta final state has no base part (a
+ * value is in one part only). */
+static inline int32_t joined(const Patch *p, int32_t base, int32_t delta) {
+    if (delta < 0) {
+        return base;
     }
-    int32_t k = p->shared[delta];
-    return k >= 0 && p->shared_base[k] == base ? k : -1;
+    if (base < 0 || delta >= (int64_t)p->partner.shape[0]) {
+        return (int32_t)(p->base_states + delta);
+    }
+    return (int32_t)(p->base_states + p->delta_states + delta);
 }
 
 static int32_t patched_next(const Kernel *self, int64_t state, int64_t token) {
     const Patch *p = self->patch;
-    int32_t k = merged_node(p, state);
-    if (k >= 0) {
-        Edges e = {p->merged_tokens + p->merged_offsets[k], p->merged_dests + p->merged_offsets[k],
-                   p->merged_offsets[k + 1] - p->merged_offsets[k], NULL};
-        return edge_to(&e, token);
-    }
     Parts at = parts_of(p, state);
-    int64_t base = -1, delta = -1;
-    if (at.rewritten >= 0) {
-        Edges e = rewritten_edges(p, at.rewritten);
-        base = edge_to(&e, token);
-    } else if (at.base >= 0) {
-        base = plain_next((const Kernel *)p->base, at.base, token);
-    }
-    if (at.delta >= 0 && p->delta != NULL) {
-        delta = plain_next((const Kernel *)p->delta, at.delta, token);
-    }
+    int32_t base = plain_next((const Kernel *)p->base, at.base, token);
+    int32_t delta = p->delta != NULL ? plain_next((const Kernel *)p->delta, at.delta, token) : -1;
     if (base == NO_MEMORY || delta == NO_MEMORY) { /* (the parts are eager: never) */
         return NO_MEMORY;
     }
-    return base < 0 && delta < 0 ? -1 : (int32_t)((base + 1) * p->span + delta);
+    if (base >= 0 && at.cut_count > 0 && find_int32(at.cut, at.cut_count, token) >= 0) {
+        base = -1;
+    }
+    return joined(p, base, delta);
 }
 
 static int patched_fill(const Kernel *self, int32_t *row, int64_t state) {
     const Patch *p = self->patch;
-    int32_t k = merged_node(p, state);
-    if (k >= 0 && p->merged_dense[k] >= 0) {
-        memcpy(row, p->merged_rows + (int64_t)p->merged_dense[k] * self->width, (size_t)self->width * 4);
-        return 0;
-    }
-    if (k >= 0) {
-        memset(row, 0, (size_t)self->width * sizeof(int32_t));
-        set_token_bits(row, p->merged_tokens + p->merged_offsets[k], p->merged_offsets[k + 1] - p->merged_offsets[k]);
-        return 0;
-    }
     Parts at = parts_of(p, state);
-    if (at.rewritten >= 0) {
-        Edges e = rewritten_edges(p, at.rewritten);
-        memset(row, 0, (size_t)self->width * sizeof(int32_t));
-        set_token_bits(row, e.tokens, e.count);
-    } else if (plain_fill((const Kernel *)p->base, row, at.base, 0) < 0) {
+    if (plain_fill((const Kernel *)p->base, row, at.base, 0) < 0) {
         return -1;
     }
-    return at.delta >= 0 && p->delta != NULL ? plain_fill((const Kernel *)p->delta, row, at.delta, 1) : 0;
+    uint32_t *words = (uint32_t *)row;
+    for (int32_t i = 0; i < at.cut_count; i++) {
+        words[(uint32_t)at.cut[i] >> 5] &= ~(1u << ((uint32_t)at.cut[i] & 31));
+    }
+    return p->delta != NULL ? plain_fill((const Kernel *)p->delta, row, at.delta, 1) : 0;
 }
 
 static inline int32_t next_of(const Kernel *self, int64_t state, int64_t token) {
@@ -616,23 +595,23 @@ static int new_pairs(int64_t total, PyObject **rows_out, int64_t **rows, PyObjec
     return 0;
 }
 
-/* An updated state's tokens: its base part's (rewritten or the base's own) and its delta part's,
- * two ascending lists (empty where a part is DEAD, final or absent). */
-static void patched_edges(const Patch *p, int64_t state, Edges *base, Edges *delta) {
+/* An updated state's tokens: its base part's, its cut tokens and its delta part's, three
+ * ascending lists (empty where a part is DEAD, final or absent). */
+static Parts patched_edges(const Patch *p, int64_t state, Edges *base, Edges *delta) {
     Parts at = parts_of(p, state);
     const Kernel *b = (const Kernel *)p->base, *d = (const Kernel *)p->delta;
     base->count = delta->count = 0;
-    if (at.rewritten >= 0) {
-        *base = rewritten_edges(p, at.rewritten);
-    } else if (at.base >= 0 && at.base < b->num_nodes) {
+    if (at.base >= 0 && at.base < b->num_nodes) {
         node_edges(b, at.base, base); /* (eager: cannot fail) */
     }
     if (d != NULL && at.delta >= 0 && at.delta < d->num_nodes) {
         node_edges(d, at.delta, delta);
     }
+    return at;
 }
 
-/* pairs() of an updated set: each row's two token lists merged, duplicates once. */
+/* pairs() of an updated set: each row's base tokens less its cut ones, merged with its delta
+ * tokens, duplicates once. */
 static PyObject *patched_pairs(Kernel *self, Ints *states) {
     const Patch *p = self->patch;
     const int64_t *s = states->data;
@@ -652,9 +631,18 @@ static PyObject *patched_pairs(Kernel *self, Ints *states) {
         int64_t at = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < states->size; i++) {
-            patched_edges(p, s[i], &a, &b);
-            int32_t x = 0, y = 0;
+            Parts parts = patched_edges(p, s[i], &a, &b);
+            int32_t x = 0, y = 0, c = 0;
             while (x < a.count || y < b.count) {
+                if (x < a.count) { /* (a cut token is skipped: its base edge is gone) */
+                    while (c < parts.cut_count && parts.cut[c] < a.tokens[x]) {
+                        c++;
+                    }
+                    if (c < parts.cut_count && parts.cut[c] == a.tokens[x]) {
+                        x++;
+                        continue;
+                    }
+                }
                 int32_t token;
                 if (y == b.count || (x < a.count && a.tokens[x] < b.tokens[y])) {
                     token = a.tokens[x++];
@@ -738,88 +726,14 @@ static PyObject *Kernel_pairs(Kernel *self, PyObject *const *args, Py_ssize_t na
 
 
 
-/* The patch's lookup tables: which base nodes were rewritten, and the merged nodes (see
- * Patch), found breadth-first from the initial pair (both roots): a merged node's edges into
- * two nodes lead to the next. 0, or -1 out of memory. */
-static int patch_tables(Patch *p) {
-    const Kernel *b = (const Kernel *)p->base, *d = (const Kernel *)p->delta;
-    p->rewritten = (uint64_t *)PyMem_Calloc((size_t)(b->num_nodes / 64 + 1), 8);
-    int64_t n_delta = d != NULL ? d->num_nodes : 0;
-    p->shared = (int32_t *)PyMem_Malloc((size_t)(n_delta > 0 ? n_delta : 1) * sizeof(int32_t));
-    if (p->rewritten == NULL || p->shared == NULL) {
-        return -1;
-    }
-    const int32_t *nodes = (const int32_t *)p->nodes.buf;
-    for (Py_ssize_t i = 0; i < p->nodes.shape[0]; i++) {
-        p->rewritten[nodes[i] >> 6] |= (uint64_t)1 << (nodes[i] & 63);
-    }
-    for (int64_t i = 0; i < n_delta; i++) {
-        p->shared[i] = -1;
-    }
-    Int32s bases = {0}, deltas = {0}, offsets = {0}, tokens = {0}, dests = {0}, dense = {0}, rows = {0};
-    int failed = ints_append(&offsets, 0) < 0;
-    if (!failed && n_delta > 0 && b->num_nodes > 0) {
-        p->shared[0] = 0;
-        failed = ints_append(&bases, 0) < 0 || ints_append(&deltas, 0) < 0;
-    }
-    for (int64_t k = 0; !failed && k < bases.size; k++) { /* (bases grows as merged nodes are found) */
-        Edges x, y;
-        Parts at = parts_of(p, ((int64_t)bases.data[k] + 1) * p->span - 1); /* the base node alone */
-        if (at.rewritten >= 0) {
-            x = rewritten_edges(p, at.rewritten);
-        } else {
-            node_edges(b, bases.data[k], &x); /* (eager: cannot fail) */
-        }
-        node_edges(d, deltas.data[k], &y);
-        int32_t i = 0, j = 0;
-        while (!failed && (i < x.count || j < y.count)) {
-            int32_t token;
-            int64_t to_base = -1, to_delta = -1;
-            if (j == y.count || (i < x.count && x.tokens[i] < y.tokens[j])) {
-                token = x.tokens[i], to_base = x.dests[i++];
-            } else if (i == x.count || y.tokens[j] < x.tokens[i]) {
-                token = y.tokens[j], to_delta = y.dests[j++];
-            } else {
-                token = x.tokens[i], to_base = x.dests[i++], to_delta = y.dests[j++];
-            }
-            int32_t joined = (int32_t)((to_base + 1) * p->span + to_delta);
-            failed = ints_append(&tokens, token) < 0 || ints_append(&dests, joined) < 0;
-            if (!failed && to_base >= 0 && to_base < b->num_nodes && to_delta >= 0 && to_delta < n_delta &&
-                p->shared[to_delta] < 0) {
-                p->shared[to_delta] = (int32_t)bases.size;
-                failed = ints_append(&bases, (int32_t)to_base) < 0 || ints_append(&deltas, (int32_t)to_delta) < 0;
-            }
-        }
-        int64_t first = offsets.data[k], count = tokens.size - first;
-        failed = failed || ints_append(&offsets, (int32_t)tokens.size) < 0;
-        if (!failed && count >= b->dense_min) { /* a whole row, as the plain kernel stores them */
-            failed = ints_append(&dense, (int32_t)(rows.size / b->width)) < 0 || ints_extend(&rows, b->width) < 0;
-            if (!failed) {
-                int32_t *row = rows.data + rows.size - b->width;
-                memset(row, 0, (size_t)b->width * sizeof(int32_t));
-                set_token_bits(row, tokens.data + first, (int32_t)count);
-            }
-        } else if (!failed) {
-            failed = ints_append(&dense, -1) < 0;
-        }
-    }
-    free(deltas.data);
-    p->merged = bases.size, p->merged_edges = tokens.size, p->rows = b->width ? rows.size / b->width : 0;
-    p->owned_bytes = 8 * (b->num_nodes / 64 + 1) + 4 * (n_delta + bases.size + offsets.size + 2 * tokens.size +
-                                                         dense.size + rows.size);
-    p->shared_base = bases.data, p->merged_offsets = offsets.data, p->merged_tokens = tokens.data;
-    p->merged_dests = dests.data, p->merged_dense = dense.data, p->merged_rows = rows.data;
-    return failed ? -1 : 0;
-}
-
-/* updated_kernel(base, delta_or_None, nodes, offsets, tokens, dests, span, num_states) -> Kernel:
+/* updated_kernel(base, delta_or_None, nodes, offsets, tokens, partner, num_states) -> Kernel:
  * an UpdatedTrieAutomaton's lookups (see Patch). The parts are eager Kernels of one width;
- * every rewritten node, offset, token (ascending per node) and destination is checked here. */
+ * every cut node, offset and token (ascending per node) and every partner is checked here. */
 static PyObject *updated_kernel(PyObject *module, PyObject *args) {
     PyObject *base, *delta, *objs[4];
-    long long span, num_states;
-    if (!PyArg_ParseTuple(args, "O!OOOOOLL", &KernelType, &base, &delta, &objs[0], &objs[1], &objs[2], &objs[3],
-                          &span, &num_states)) {
+    long long num_states;
+    if (!PyArg_ParseTuple(args, "O!OOOOOL", &KernelType, &base, &delta, &objs[0], &objs[1], &objs[2], &objs[3],
+                          &num_states)) {
         return NULL;
     }
     const Kernel *b = (const Kernel *)base, *d = delta == Py_None ? NULL : (const Kernel *)delta;
@@ -827,9 +741,9 @@ static PyObject *updated_kernel(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "updated_kernel: delta must be a Kernel or None");
         return NULL;
     }
+    int64_t delta_states = d != NULL ? d->num_states : 0, delta_nodes = d != NULL ? d->num_nodes : 0;
     if (b->lazy || b->patch || (d != NULL && (d->lazy || d->patch || d->width != b->width)) ||
-        span != (d != NULL ? d->num_states + 1 : 1) || span < 1 || num_states != (b->num_states + 1) * span - 1 ||
-        num_states >= INT32_MAX) {
+        num_states != b->num_states + delta_states + delta_nodes || num_states >= INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "updated_kernel: parts of another layout, width or size");
         return NULL;
     }
@@ -849,8 +763,8 @@ static PyObject *updated_kernel(PyObject *module, PyObject *args) {
         Py_INCREF(delta);
         p->delta = delta;
     }
-    Py_buffer *views[4] = {&p->nodes, &p->offsets, &p->tokens, &p->dests};
-    static const char *names[4] = {"nodes", "offsets", "tokens", "dests"};
+    Py_buffer *views[4] = {&p->nodes, &p->offsets, &p->tokens, &p->partner};
+    static const char *names[4] = {"nodes", "offsets", "tokens", "partner"};
     for (int i = 0; i < 4; i++) {
         if (get_array(objs[i], views[i], 4, names[i]) < 0) {
             Py_DECREF(self);
@@ -859,30 +773,37 @@ static PyObject *updated_kernel(PyObject *module, PyObject *args) {
         p->held = i + 1;
     }
     const int32_t *nodes = (const int32_t *)p->nodes.buf, *offsets = (const int32_t *)p->offsets.buf;
-    const int32_t *tokens = (const int32_t *)p->tokens.buf, *dests = (const int32_t *)p->dests.buf;
-    Py_ssize_t count = p->nodes.shape[0], edges = p->tokens.shape[0];
-    int bad = p->offsets.shape[0] != count + 1 || p->dests.shape[0] != edges || offsets[0] != 0 ||
-              offsets[count] != edges;
+    const int32_t *tokens = (const int32_t *)p->tokens.buf, *partner = (const int32_t *)p->partner.buf;
+    Py_ssize_t count = p->nodes.shape[0], cut = p->tokens.shape[0];
+    int bad = p->offsets.shape[0] != count + 1 || offsets[0] != 0 || offsets[count] != cut ||
+              p->partner.shape[0] != delta_nodes;
     for (Py_ssize_t i = 0; !bad && i < count; i++) {
         bad = nodes[i] < 0 || nodes[i] >= b->num_nodes || (i > 0 && nodes[i] <= nodes[i - 1]) ||
-              offsets[i + 1] < offsets[i];
+              offsets[i + 1] <= offsets[i];
     }
     for (Py_ssize_t i = 0; !bad && i < count; i++) {
         for (int32_t j = offsets[i]; !bad && j < offsets[i + 1]; j++) {
-            bad = tokens[j] < 0 || (int64_t)tokens[j] >= 32 * (int64_t)b->width || dests[j] < 0 ||
-                  dests[j] >= b->num_states || (j > offsets[i] && tokens[j] <= tokens[j - 1]);
+            bad = tokens[j] < 0 || (int64_t)tokens[j] >= 32 * (int64_t)b->width ||
+                  (j > offsets[i] && tokens[j] <= tokens[j - 1]);
         }
     }
+    for (Py_ssize_t i = 0; !bad && i < delta_nodes; i++) {
+        bad = partner[i] < -1 || partner[i] >= b->num_nodes;
+    }
     if (bad) {
-        PyErr_SetString(PyExc_ValueError,
-                        "updated_kernel: rewritten nodes, offsets, tokens or destinations out of range");
+        PyErr_SetString(PyExc_ValueError, "updated_kernel: cut nodes, offsets, tokens or partners out of range");
         Py_DECREF(self);
         return NULL;
     }
-    p->span = span;
-    if (patch_tables(p) < 0) {
+    p->base_states = b->num_states;
+    p->delta_states = delta_states;
+    p->cut = (uint64_t *)PyMem_Calloc((size_t)(b->num_nodes / 64 + 1), 8);
+    if (p->cut == NULL) {
         Py_DECREF(self);
         return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        p->cut[nodes[i] >> 6] |= (uint64_t)1 << (nodes[i] & 63);
     }
     self->num_nodes = 0; /* (no node of its own: every lookup goes to the parts) */
     self->num_states = num_states;
