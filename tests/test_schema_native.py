@@ -624,3 +624,72 @@ def test_exit_and_entry_tables_are_checked(vocab: Vocabulary) -> None:
             native.StepTables(**{**good, "entries": changed})
     with pytest.raises(ValueError, match="schema step tables"):
         native.StepTables(**{**good, "first_pseudo": 1 << 30})
+
+
+@native_only
+@settings(max_examples=80, deadline=None)
+@given(
+    maxlen=st.integers(0, 20),
+    operations=st.lists(st.one_of(st.just("pop"), st.just("clear"), st.integers(0, 10**12)), max_size=80),
+)
+def test_history_is_a_deque_of_steps(maxlen: int, operations: list[Any]) -> None:
+    """The C ring a schema matcher's rollback history lives in (``_native.History``) does what
+    ``deque(maxlen=...)`` of the step tuples does: appends past maxlen drop the oldest, pop
+    returns the newest, clear, len, iteration oldest first, maxlen; wrapping and growing."""
+    from collections import deque
+
+    ring, reference = kernels.KERNELS.History(maxlen), deque(maxlen=maxlen)
+    shared = [object()]  # (configurations may be shared by consecutive steps)
+    for i, operation in enumerate(operations):
+        if operation == "pop":
+            if reference:
+                assert ring.pop() == reference.pop()
+            else:
+                with pytest.raises(IndexError):
+                    ring.pop()
+        elif operation == "clear":
+            ring.clear()
+            reference.clear()
+        else:
+            step = (shared if i % 3 else [i], operation, i % 7, None if i % 2 else object())
+            ring.append(step)
+            reference.append(step)
+        assert len(ring) == len(reference) and list(ring) == list(reference)
+    assert ring.maxlen == maxlen
+    with pytest.raises(TypeError):
+        ring.append(([], 1, 2))  # (three fields: not a step)
+    with pytest.raises(ValueError):
+        kernels.KERNELS.History(-1)
+
+
+@native_only
+def test_matchers_keep_their_history_in_the_c_ring(vocab: Vocabulary) -> None:
+    """A schema matcher built with the extension records its steps in ``_native.History`` (no
+    tuple a step), keeping the newest max_rollback; rollback, copy and reset read it as they
+    read a deque, and a matcher without history refuses to roll back."""
+    compiled = Compiler(vocab).compile_json_schema(SCHEMAS["plain strings"], min_enum_values=2)
+    rng = random.Random(3)
+    matcher, steps = SchemaMatcher(compiled, max_rollback=5), []
+    assert type(matcher._history) is kernels.KERNELS.History and matcher._history.maxlen == 5
+    for _ in range(12):
+        allowed = [t for t in matcher.allowed_token_ids().tolist() if t not in vocab.eos_token_ids]
+        if not allowed:
+            break
+        steps.append(rng.choice(allowed))
+        assert matcher.accept_token(steps[-1])
+    assert len(steps) == 12 and len(matcher._history) == 5
+    twin = matcher.copy()
+    assert [step[1:3] for step in twin._history] == [step[1:3] for step in matcher._history]
+    matcher.rollback(5)
+    fresh = SchemaMatcher(compiled)
+    assert fresh.accept_tokens(steps[:7]) == 7
+    assert matcher.text == fresh.text and matcher._lexer == fresh._lexer
+    with pytest.raises(StateError, match="max_rollback=5"):
+        matcher.rollback(1)
+    assert twin.accept_tokens(steps[12:]) == 0 and len(twin._history) == 5  # (the copy kept its own)
+    twin.reset()
+    assert len(twin._history) == 0 and twin.text == b""
+    none = SchemaMatcher(compiled, max_rollback=0)
+    assert none.accept_token(steps[0]) and len(none._history) == 0
+    with pytest.raises(StateError):
+        none.rollback(1)

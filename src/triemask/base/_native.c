@@ -154,7 +154,7 @@ static struct PyModuleDef native_module = {
 PyMODINIT_FUNC PyInit__native(void) {
     if (PyType_Ready(&KernelType) < 0 || PyType_Ready(&TablesType) < 0 || PyType_Ready(&MatcherCoreType) < 0 ||
         PyType_Ready(&AutomatonCoreType) < 0 || PyType_Ready(&SchemaCoreType) < 0 ||
-        PyType_Ready(&StepTablesType) < 0 || PyType_Ready(&LexTablesType) < 0 ||
+        PyType_Ready(&StepTablesType) < 0 || PyType_Ready(&LexTablesType) < 0 || PyType_Ready(&HistoryType) < 0 ||
         PyType_Ready(&TokenTrieTablesType) < 0) {
         return NULL;
     }
@@ -220,9 +220,9 @@ PyMODINIT_FUNC PyInit__native(void) {
         Py_DECREF(module);
         return NULL;
     }
-    PyTypeObject *schema_types[] = {&SchemaCoreType, &StepTablesType, &LexTablesType};
-    const char *schema_names[] = {"SchemaCore", "StepTables", "LexTables"};
-    for (int i = 0; i < 3; i++) {
+    PyTypeObject *schema_types[] = {&SchemaCoreType, &StepTablesType, &LexTablesType, &HistoryType};
+    const char *schema_names[] = {"SchemaCore", "StepTables", "LexTables", "History"};
+    for (int i = 0; i < 4; i++) {
         Py_INCREF(schema_types[i]);
         if (PyModule_AddObject(module, schema_names[i], (PyObject *)schema_types[i]) < 0) {
             Py_DECREF(schema_types[i]);

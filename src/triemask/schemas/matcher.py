@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -24,6 +24,41 @@ MAX_JUMP_BYTES = 1024
 again after appending it): each byte is a mask fill on a fork, so a schema forcing a long
 ``const`` never holds a serving engine's step for more than about 20 ms."""
 
+Step = tuple[list[Configuration], int, int, Any]
+"""One accepted token, as rollback restores it: the configurations, the output's length and the
+lexer state before it, and the xgrammar matcher it advanced in place (else None)."""
+
+
+class _Steps(Protocol):
+    """A matcher's rollback history: a ``deque(maxlen=...)`` of :data:`Step`, or the C ring with
+    the same methods (``_native.History``)."""
+
+    @property
+    def maxlen(self) -> int | None: ...  # (a deque's type says None is possible; these never are)
+
+    def append(self, step: Step, /) -> None: ...
+
+    def pop(self) -> Step: ...
+
+    def clear(self) -> None: ...
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Step]: ...
+
+
+def _history(maxlen: int, steps: Iterable[Step] = ()) -> _Steps:
+    """A new rollback history keeping the newest ``maxlen`` steps, ``steps`` in it: the C ring
+    with the extension (a step records four fields, no tuple), else a deque."""
+    native = kernels.KERNELS
+    if native is None:
+        return deque(steps, maxlen=maxlen)
+    made: _Steps = native.History(maxlen)
+    for step in steps:
+        made.append(step)
+    return made
+
+
 # --------------------------------------------------------------------------- matcher
 
 
@@ -37,7 +72,7 @@ class _SchemaMatcherCore:
     __slots__ = ("_configs", "_filled", "_history", "_lexer", "_output", "_schema", "_scratch", "_scratch_width")
     _schema: CompiledSchema
     _configs: list[Configuration]
-    _history: deque[tuple[list[Configuration], int, int, Any]]
+    _history: _Steps
     _output: bytearray
     _lexer: int
     _filled: list[Configuration] | None
@@ -84,7 +119,7 @@ class SchemaMatcher(_Core):
         self._schema = schema
         self._configs = schema._initial()
         # (configurations, output length, lexer state, the matcher advanced in place or None) per step
-        self._history = deque(maxlen=max_rollback)
+        self._history = _history(max_rollback)
         self._output = bytearray()
         self._lexer = LEX_OUT  # the JSON lexer state at the end of the output
         self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
@@ -261,12 +296,12 @@ class SchemaMatcher(_Core):
         clone = SchemaMatcher.__new__(SchemaMatcher)
         clone._schema = self._schema
         clone._configs = copied(self._configs)
-        clone._history = deque(
+        clone._history = _history(
+            (self._history.maxlen or 0) if history else 0,
             (
                 (copied(configs), length, lexer, None if advanced is None else fork(advanced))
                 for configs, length, lexer, advanced in (self._history if history else ())
             ),
-            maxlen=self._history.maxlen if history else 0,
         )
         clone._output = bytearray(self._output)
         clone._lexer = self._lexer
