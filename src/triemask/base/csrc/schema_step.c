@@ -557,12 +557,17 @@ static PyObject *history_item(const History *h, Py_ssize_t i) {
     return item;
 }
 
+/* Forget the newest step (there is one). */
+static void history_drop_newest(History *h) {
+    Step step = h->ring[(h->start + h->size - 1) % h->capacity];
+    h->size--;
+    Py_DECREF(step.configs);
+    Py_DECREF(step.advanced);
+}
+
 static void history_clear(History *h) {
     while (h->size > 0) {
-        Step step = h->ring[(h->start + h->size - 1) % h->capacity];
-        h->size--;
-        Py_DECREF(step.configs);
-        Py_DECREF(step.advanced);
+        history_drop_newest(h);
     }
     h->start = 0;
 }
@@ -615,10 +620,7 @@ static PyObject *History_pop(History *h, PyObject *unused) {
     }
     PyObject *item = history_item(h, h->size - 1);
     if (item != NULL) {
-        Step step = h->ring[(h->start + h->size - 1) % h->capacity];
-        h->size--;
-        Py_DECREF(step.configs);
-        Py_DECREF(step.advanced);
+        history_drop_newest(h);
     }
     return item;
 }
