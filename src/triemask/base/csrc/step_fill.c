@@ -200,7 +200,6 @@ typedef struct {
     int32_t cut_count;
 } Parts;
 
-
 static inline Parts parts_of(const Patch *p, int64_t state) {
     Parts out = {-1, -1, NULL, 0};
     if (state < p->base_states) { /* (DEAD included) */

@@ -1,8 +1,9 @@
 /* ------------------------------------------------------------------ incremental updates */
 
-/* What with_values (triemask.sets.update) asks of the base automaton's kernel: the removed
- * values' walks down the trie, and the tombstone pass over the nodes on them. The NumPy code
- * in sets/update.py is the reference; these take the same inputs and give the same outputs. */
+/* What with_values (triemask.sets.update) asks of the kernels: the values' walks down the base's
+ * trie (walk_paths), the cut pass over the removed ones' nodes (tombstone_edges), and each delta
+ * node's partner in the base (partner_nodes). The NumPy code in sets/update.py is the reference;
+ * these take the same inputs and give the same outputs. */
 
 /* Where the values end: by the EOS edge of a node (`eos` >= 0: to the final state num_nodes +
  * the value's index), else in the ascending terminal nodes and their values' indices. */
