@@ -30,6 +30,13 @@ LETTERS = "ab_c"
 values_strategy = st.text(alphabet=LETTERS, min_size=0, max_size=6)
 
 
+def bytes_last_vocabulary(merges: list[bytes]) -> Vocabulary:
+    """The merges first, then EOS, then every single byte, and "a" again: byte tokens with the
+    highest ids and EOS not the last (byte_vocabulary's order reversed), a byte spelled twice."""
+    table: list[bytes | None] = [*merges, None, *(bytes([b]) for b in range(256)), b"a"]
+    return Vocabulary(table, eos_token_ids=[len(merges)], vocab_size=len(table) + 3)
+
+
 def assert_equal_languages(updated: TrieAutomaton, fresh: TrieAutomaton) -> None:
     """Walk both automata together from their initial states over every allowed token: the
     same tokens allowed, the same acceptance and values, at every reachable pair of states."""
@@ -69,16 +76,22 @@ def assert_equal_languages(updated: TrieAutomaton, fresh: TrieAutomaton) -> None
     ),
     eos=st.booleans(),
     merges=st.lists(st.text(alphabet=LETTERS, min_size=2, max_size=4), max_size=8),
+    bytes_last=st.booleans(),
 )
 def test_random_updates_equal_full_recompiles(
-    base: list[str], steps: list[tuple[list[str], list[int]]], eos: bool, merges: list[str]
+    base: list[str], steps: list[tuple[list[str], list[int]]], eos: bool, merges: list[str], bytes_last: bool
 ) -> None:
     """Hypothesis: random add/remove sequences on random sets, merged at lookup (the compaction
-    threshold lifted), equal a recompile of the resulting set at every reachable state."""
+    threshold lifted), equal a recompile of the resulting set at every reachable state; on a
+    vocabulary with the single bytes first and EOS last, or the other way round (the C walks
+    look for byte tokens from a node's first edge, and for EOS at its last)."""
     saved = _update.COMPACT_FRACTION
     _update.COMPACT_FRACTION = 10.0
     try:
-        compiler = Compiler(byte_vocabulary([m.encode() for m in merges]), disk_cache=False)
+        encoded = [m.encode() for m in merges]
+        compiler = Compiler(
+            bytes_last_vocabulary(encoded) if bytes_last else byte_vocabulary(encoded), disk_cache=False
+        )
         automaton = compiler.compile(base, eos=eos)
         current = set(base)
         for added, picks in steps:
@@ -279,15 +292,18 @@ def test_the_c_lookups_equal_the_reference() -> None:
     picks=st.lists(st.integers(0, 60), min_size=1, max_size=12),
     eos=st.booleans(),
     merges=st.lists(st.text(alphabet=LETTERS, min_size=2, max_size=4), max_size=8),
+    bytes_last=st.booleans(),
 )
 def test_the_c_walks_and_tombstones_equal_the_reference(
-    values: list[str], picks: list[int], eos: bool, merges: list[str]
+    values: list[str], picks: list[int], eos: bool, merges: list[str], bytes_last: bool
 ) -> None:
     """with_values's two passes over the base, walk_paths and tombstone_edges in C, against
     the NumPy reference (KERNELS off) on random sets and removals: the walks of the removed
     values and of others (prefixes, extensions, strangers: no value at their end), then the
     cut pass over the removed ones; the partners of a delta of the others."""
-    compiler = Compiler(byte_vocabulary([m.encode() for m in merges]), disk_cache=False)
+    encoded = [m.encode() for m in merges]
+    vocab = bytes_last_vocabulary(encoded) if bytes_last else byte_vocabulary(encoded)
+    compiler = Compiler(vocab, disk_cache=False)
     base = compiler.compile(values, eos=eos)
     removed = sorted({values[i % len(values)] for i in picks})
     others = sorted(({v[:-1] for v in removed} | {f"{v}a" for v in removed} | {"zz", ""}) - set(values))
