@@ -47,7 +47,7 @@ class _Steps(Protocol):
     def __iter__(self) -> Iterator[Step]: ...
 
 
-def _history(maxlen: int, steps: Iterable[Step] = ()) -> _Steps:
+def _new_history(maxlen: int, steps: Iterable[Step] = ()) -> _Steps:
     """A new rollback history keeping the newest ``maxlen`` steps, ``steps`` in it: the C ring
     with the extension (a step records four fields, no tuple), else a deque."""
     native = kernels.KERNELS
@@ -119,7 +119,7 @@ class SchemaMatcher(_Core):
         self._schema = schema
         self._configs = schema._initial()
         # (configurations, output length, lexer state, the matcher advanced in place or None) per step
-        self._history = _history(max_rollback)
+        self._history = _new_history(max_rollback)
         self._output = bytearray()
         self._lexer = LEX_OUT  # the JSON lexer state at the end of the output
         self._scratch = np.zeros((1, schema._support.xgr_width), dtype=np.int32)
@@ -296,7 +296,7 @@ class SchemaMatcher(_Core):
         clone = SchemaMatcher.__new__(SchemaMatcher)
         clone._schema = self._schema
         clone._configs = copied(self._configs)
-        clone._history = _history(
+        clone._history = _new_history(
             (self._history.maxlen or 0) if history else 0,
             (
                 (copied(configs), length, lexer, None if advanced is None else fork(advanced))

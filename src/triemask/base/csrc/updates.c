@@ -263,6 +263,7 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
     static const char *names[6] = {"paths", "lengths", "single", "eos", "terminal_nodes", "terminal_values"};
     int held = 0;
     PyObject *result = NULL;
+    uint64_t *removed = NULL; /* (freed at done:) */
     for (; held < 6; held++) {
         int got = held == 0 ? PyObject_GetBuffer(objs[0], &views[0], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT)
                             : get_array(objs[held], &views[held], sizes[held], names[held]);
@@ -277,13 +278,21 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
               views[0].shape[0] != values || views[4].shape[0] != views[5].shape[0] || initial < 0 ||
               initial >= k->num_nodes || by_eos >= 32 * (long long)k->width;
     Py_ssize_t walked = 0;
+    /* the removed values' indices, each walk checked first (in the trie, to a value's node) */
+    removed = bad ? NULL : (uint64_t *)malloc((size_t)(values + 1) * sizeof(uint64_t));
+    if (!bad && removed == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
     for (Py_ssize_t i = 0; !bad && i < values; i++) {
         bad = lengths[i] < 0 || lengths[i] >= columns;
         for (int64_t d = 0; !bad && d <= lengths[i]; d++) {
             int64_t node = paths[i * columns + d];
             bad = node < 0 || node >= k->num_nodes || (d == 0 && node != initial);
         }
-        bad = bad || value_at(k, &ends, paths[i * columns + lengths[i]]) < 0;
+        int64_t index = bad ? -1 : value_at(k, &ends, paths[i * columns + lengths[i]]);
+        bad = bad || index < 0;
+        removed[i] = (uint64_t)index;
         walked += lengths[i] + 1;
     }
     if (bad || walked >= INT32_MAX) {
@@ -298,10 +307,9 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
     Py_ssize_t *up = (Py_ssize_t *)malloc((size_t)(walked + 1) * sizeof(Py_ssize_t));
     uint8_t *flags = (uint8_t *)calloc((size_t)(walked + 1), 1);
     int64_t *nodes = (int64_t *)malloc((size_t)(walked + 1) * sizeof(int64_t));
-    uint64_t *removed = (uint64_t *)malloc((size_t)(values + 1) * sizeof(uint64_t));
     Int32s cut = {0}, offsets = {0}, tokens = {0};
     int failed = keys == NULL || met == NULL || at == NULL || up == NULL || flags == NULL || nodes == NULL ||
-                 removed == NULL || ints_append(&offsets, 0) < 0;
+                 ints_append(&offsets, 0) < 0;
     Py_ssize_t n = 0, n_removed = 0;
     if (!failed) {
         for (Py_ssize_t i = 0, m = 0; i < values; i++) {
@@ -311,7 +319,6 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
                 met[2 * m] = d > 0 ? row[d - 1] : -1;
                 met[2 * m + 1] = d;
             }
-            removed[i] = (uint64_t)value_at(k, &ends, row[lengths[i]]);
         }
         sort_keys(keys, walked);
         for (Py_ssize_t m = 0; m < walked; m++) {
@@ -351,9 +358,10 @@ static PyObject *tombstone_edges(PyObject *module, PyObject *args) {
             }
         }
     }
-    free(keys), free(met), free(at), free(up), free(flags), free(nodes), free(removed);
+    free(keys), free(met), free(at), free(up), free(flags), free(nodes);
     free(cut.data), free(offsets.data), free(tokens.data);
 done:
+    free(removed);
     for (int i = 0; i < held; i++) {
         PyBuffer_Release(&views[i]);
     }
