@@ -693,3 +693,45 @@ def test_matchers_keep_their_history_in_the_c_ring(vocab: Vocabulary) -> None:
     assert none.accept_token(steps[0]) and len(none._history) == 0
     with pytest.raises(StateError):
         none.rollback(1)
+
+
+@native_only
+@pytest.mark.parametrize("name", ["bounded + date", "email + uuid", "plain and email + enum"])
+def test_steps_inside_a_value_make_their_list_when_read(vocab: Vocabulary, name: str) -> None:
+    """A step inside a field's value makes no list of configurations (the matcher keeps the
+    node, and its history the configuration and the node): after runs of such steps that
+    nothing reads, the masks, rollback one step at a time and a copy give what the reference
+    gives."""
+    compiled = Compiler(vocab).compile_json_schema(SCHEMAS[name], min_enum_values=2)
+    width = (vocab.vocab_size + 31) // 32
+    rng = random.Random(name)
+    inside = 0
+    for _ in range(12):
+        ours, twin = SchemaMatcher(compiled, max_rollback=64), SchemaMatcher(compiled, max_rollback=64)
+        native, reference = np.zeros((1, width), dtype=np.int32), np.zeros((1, width), dtype=np.int32)
+        for _ in range(60):
+            ours.fill_next_token_bitmask(native)  # (nothing of ours read but its rows and answers)
+            twin._fill_reference(reference)
+            assert np.array_equal(native, reference), twin.text
+            allowed = np.flatnonzero(np.unpackbits(native[0].view(np.uint8), bitorder="little")).tolist()
+            allowed = [t for t in allowed if t not in vocab.eos_token_ids]
+            if not allowed:
+                break
+            inside += twin.in_enum_value
+            token = rng.choice(allowed)
+            assert ours.accept_token(token) and twin._accept_token_reference(token)
+            if rng.random() < 0.2:  # (back into a run of such steps, or to its start)
+                back = min(rng.randint(1, 3), len(twin._history))
+                ours.rollback(back)
+                twin.rollback(back)
+        copied = ours.copy()
+        for _ in range(len(twin._history)):
+            for matcher in (ours, copied, twin):
+                matcher.rollback(1)
+            twin._fill_reference(reference)
+            for matcher in (ours, copied):  # (their configurations unread: the masks say where they are)
+                matcher.fill_next_token_bitmask(native)
+                assert np.array_equal(native, reference), twin.text
+                assert (matcher.text, matcher._lexer) == (twin.text, twin._lexer)
+        assert state_of(ours) == state_of(copied) == state_of(twin) == (b"", 0, 1)
+    assert inside > 10

@@ -59,7 +59,9 @@
  * SchemaCore: the base class of SchemaMatcher, holding its per-request fields as attributes
  * (_schema, _configs, _history, _output, _lexer, _filled, _scratch, _scratch_width), which the
  * Python code reads and writes as before. What the current configurations are is looked up
- * when _configs is another list than at the last call, and kept.
+ * when _configs is another list than at the last call, and kept. A step inside a value makes
+ * no list (nor a configuration, nor an int): the matcher keeps the node, its history the
+ * configuration and the node, and the list is made where Python reads _configs or a step.
  */
 
 enum { LEX_STATES = 10, KEEP_ROWS = 2 * LEX_STATES, STRUCT_FIELD = -1 };
@@ -499,6 +501,7 @@ typedef struct {
     PyObject *configs, *advanced; /* owned (advanced: None where the step replaced the configurations) */
     Py_ssize_t length;            /* the output's length before the step */
     long long lexer;              /* the lexer state before it */
+    int64_t node; /* -1: `configs` is the list; else it is one configuration, the list [it at trie node `node`] */
 } Step;
 
 typedef struct {
@@ -509,9 +512,10 @@ typedef struct {
 
 static PyTypeObject HistoryType;
 
-/* Append a step (new references taken to configs and advanced); the oldest goes past maxlen.
- * 0, or -1 out of memory. */
-static int history_push(History *h, PyObject *configs, Py_ssize_t length, long long lexer, PyObject *advanced) {
+/* Append a step (new references taken to configs and advanced; `node`: Step's); the oldest goes
+ * past maxlen. 0, or -1 out of memory. */
+static int history_push(History *h, PyObject *configs, Py_ssize_t length, long long lexer, PyObject *advanced,
+                        int64_t node) {
     if (h->maxlen == 0) {
         return 0;
     }
@@ -529,7 +533,7 @@ static int history_push(History *h, PyObject *configs, Py_ssize_t length, long l
         PyMem_Free(h->ring);
         h->ring = grown, h->capacity = capacity, h->start = 0;
     }
-    Step dropped = {NULL, NULL, 0, 0};
+    Step dropped = {NULL, NULL, 0, 0, -1};
     Step *slot;
     if (h->size == h->capacity) { /* full at maxlen: the oldest step's slot is the newest's */
         slot = &h->ring[h->start];
@@ -541,19 +545,23 @@ static int history_push(History *h, PyObject *configs, Py_ssize_t length, long l
     }
     Py_INCREF(configs);
     Py_INCREF(advanced);
-    *slot = (Step){configs, advanced, length, lexer};
+    *slot = (Step){configs, advanced, length, lexer, node};
     Py_XDECREF(dropped.configs); /* (released last: a deallocation may run any code) */
     Py_XDECREF(dropped.advanced);
     return 0;
 }
 
+static PyObject *configs_at(PyObject *config, int64_t node);
+
 /* The step `i` steps after the oldest, as the reference's tuple. */
 static PyObject *history_item(const History *h, Py_ssize_t i) {
     const Step *step = &h->ring[(h->start + i) % h->capacity];
     PyObject *length = PyLong_FromSsize_t(step->length), *lexer = PyLong_FromLongLong(step->lexer);
-    PyObject *item = length && lexer ? PyTuple_Pack(4, step->configs, length, lexer, step->advanced) : NULL;
+    PyObject *configs = step->node < 0 ? Py_NewRef(step->configs) : configs_at(step->configs, step->node);
+    PyObject *item = length && lexer && configs ? PyTuple_Pack(4, configs, length, lexer, step->advanced) : NULL;
     Py_XDECREF(length);
     Py_XDECREF(lexer);
+    Py_XDECREF(configs);
     return item;
 }
 
@@ -607,7 +615,7 @@ static PyObject *History_append(History *h, PyObject *entry) {
     if (PyErr_Occurred()) {
         return NULL;
     }
-    if (history_push(h, PyTuple_GET_ITEM(entry, 0), length, lexer, PyTuple_GET_ITEM(entry, 3)) < 0) {
+    if (history_push(h, PyTuple_GET_ITEM(entry, 0), length, lexer, PyTuple_GET_ITEM(entry, 3), -1) < 0) {
         return NULL;
     }
     Py_RETURN_NONE;
@@ -691,6 +699,10 @@ typedef struct {
      * node `node` (the configuration, for the next one), with its schema's tables; or neither */
     PyObject *resolved, *handle, *matcher, *config, *tables;
     int kind;
+    /* Steps inside a value make no list: `pending` says that the configurations are `config`
+     * at trie node `node` alone, and `configs` (still `resolved`) is what they were when the
+     * value was resolved; the list is made where Python reads _configs (SchemaCore_configs). */
+    int pending;
     Py_ssize_t field;
     int64_t node;
 } SchemaCore;
@@ -721,6 +733,7 @@ static int truth_of(PyObject *answer) {
 
 
 static void SchemaCore_forget(SchemaCore *self) {
+    self->pending = 0; /* (only ever set with `configs` resolved: never forgotten while set) */
     Py_CLEAR(self->resolved);
     Py_CLEAR(self->handle);
     Py_CLEAR(self->matcher);
@@ -819,16 +832,22 @@ static void and_keep(const LexTables *l, long long row, const int32_t *from, int
     }
 }
 
+static int SchemaCore_settle(SchemaCore *self);
+
 /* Append (configurations, output length, lexer state, advanced) to the history, then make
  * the step: configurations `following` (NULL: unchanged), the lexer state, the token's bytes. */
 static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *following, long long lexer,
                            PyObject *data) {
     if (Py_TYPE(self->history) == &HistoryType) {
-        if (history_push((History *)self->history, self->configs, PyByteArray_GET_SIZE(self->output), self->lexer,
-                         advanced) < 0) {
+        PyObject *before = self->pending ? self->config : self->configs;
+        if (history_push((History *)self->history, before, PyByteArray_GET_SIZE(self->output), self->lexer, advanced,
+                         self->pending ? self->node : -1) < 0) {
             return -1;
         }
     } else { /* (a deque: the matcher built where History is not) */
+        if (self->pending && SchemaCore_settle(self) < 0) {
+            return -1;
+        }
         PyObject *length = PyLong_FromSsize_t(PyByteArray_GET_SIZE(self->output));
         PyObject *state = PyLong_FromLongLong(self->lexer);
         PyObject *entry = length && state ? PyTuple_Pack(4, self->configs, length, state, advanced) : NULL;
@@ -845,8 +864,15 @@ static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *follo
         Py_DECREF(done);
     }
     if (data != Py_None && PyBytes_GET_SIZE(data) > 0) {
-        Py_ssize_t before = PyByteArray_GET_SIZE(self->output);
-        if (PyByteArray_Resize(self->output, before + PyBytes_GET_SIZE(data)) < 0) {
+        Py_ssize_t before = PyByteArray_GET_SIZE(self->output), size = before + PyBytes_GET_SIZE(data);
+        /* Doubled where it must grow: PyByteArray_Resize grows by an eighth, a copy every few
+         * tokens of a short output (0.6 us of a step). Resizing up to 2 * size - 1 allocates that
+         * much, and down to size keeps it (a bytearray shrinks its buffer below half of it). */
+        if (size + 1 > ((PyByteArrayObject *)self->output)->ob_alloc &&
+            PyByteArray_Resize(self->output, 2 * size - 1) < 0) {
+            return -1;
+        }
+        if (PyByteArray_Resize(self->output, size) < 0) {
             return -1;
         }
         memcpy(PyByteArray_AS_STRING(self->output) + before, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
@@ -854,6 +880,7 @@ static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *follo
     if (following != NULL) {
         Py_INCREF(following);
         Py_SETREF(self->configs, following);
+        self->pending = 0;
     }
     self->lexer = lexer;
     Py_INCREF(Py_None);
@@ -880,6 +907,33 @@ static PyObject *config_like(PyObject *config, PyObject *field, PyObject *node, 
         PyTuple_SET_ITEM(made, i, item);
     }
     return made;
+}
+
+/* The list [`config` at trie node `node`]. */
+static PyObject *configs_at(PyObject *config, int64_t node) {
+    PyObject *moved = config_like(config, NULL, PyLong_FromLongLong(node), NULL, NULL);
+    PyObject *configs = moved == NULL ? NULL : PyList_New(1);
+    if (configs == NULL) {
+        Py_XDECREF(moved);
+        return NULL;
+    }
+    PyList_SET_ITEM(configs, 0, moved);
+    return configs;
+}
+
+/* Make the list of a pending step inside a value (SchemaCore.pending), resolved as it is. */
+static int SchemaCore_settle(SchemaCore *self) {
+    PyObject *configs = configs_at(self->config, self->node);
+    if (configs == NULL) {
+        return -1;
+    }
+    Py_INCREF(configs);
+    Py_SETREF(self->resolved, configs);
+    Py_INCREF(PyList_GET_ITEM(configs, 0));
+    Py_SETREF(self->config, PyList_GET_ITEM(configs, 0));
+    Py_SETREF(self->configs, configs);
+    self->pending = 0;
+    return 0;
 }
 
 static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args, Py_ssize_t nargs,
@@ -934,15 +988,22 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
         if (following >= kernel->num_nodes) {
             return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
         }
-        PyObject *config;
-        if (!(flags[following] & (FIELD_LEAF | FIELD_ACCEPTING))) {  /* still inside the value */
-            config = config_like(self->config, NULL, PyLong_FromLongLong(following), NULL, NULL);
-        } else if (flags[following] & FIELD_LEAF && t->plain_exits) {
-            /* the value is over: the structure resumes on its matcher, already past the sentinel */
-            config = config_like(self->config, struct_field, PyLong_FromLong(0), empty_bytes, Py_None);
-        } else {  /* a value that may end or go on (several readings), or a tool's arguments */
+        if (!(flags[following] & (FIELD_LEAF | FIELD_ACCEPTING))) {
+            /* still inside the value: the configurations are this one at the next node, made
+             * as a list only where Python reads them (the field and the tables unchanged) */
+            if (SchemaCore_step(self, Py_None, NULL, lexer, data) < 0) {
+                return NULL;
+            }
+            self->pending = 1;
+            self->node = following;
+            Py_RETURN_TRUE;
+        }
+        if (!(flags[following] & FIELD_LEAF && t->plain_exits)) {
+            /* a value that may end or go on (several readings), or a tool's arguments */
             return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
         }
+        /* the value is over: the structure resumes on its matcher, already past the sentinel */
+        PyObject *config = config_like(self->config, struct_field, PyLong_FromLong(0), empty_bytes, Py_None);
         PyObject *configs = config == NULL ? NULL : PyList_New(1);
         if (configs == NULL) {
             Py_XDECREF(config);
@@ -950,15 +1011,6 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
         }
         PyList_SET_ITEM(configs, 0, config);
         int failed = SchemaCore_step(self, Py_None, configs, lexer, data);
-        if (!failed && !(flags[following] & (FIELD_LEAF | FIELD_ACCEPTING))) {
-            /* still inside the value: what the new configurations are is known here, so the
-             * next call looks nothing up (field and tables unchanged) */
-            Py_INCREF(configs);
-            Py_SETREF(self->resolved, configs);
-            Py_INCREF(config);
-            Py_SETREF(self->config, config);
-            self->node = following;
-        }
         Py_DECREF(configs);
         if (failed) {
             return NULL;
@@ -1051,9 +1103,11 @@ static int SchemaCore_finish_row(SchemaCore *self, int32_t *xgr, int32_t *out) {
     }
     and_keep(l, t->keep_rows + self->lexer, xgr, out);
     PyObject *filled = entered ? Py_None : self->configs;
-    Py_INCREF(filled);
-    /* where no field can be entered from these configurations, accept_token needs xgrammar only */
-    Py_SETREF(self->filled, filled);
+    if (self->filled != filled) { /* (unchanged since the last fill: the list is not touched) */
+        Py_INCREF(filled);
+        /* where no field can be entered from these configurations, accept_token needs xgrammar only */
+        Py_SETREF(self->filled, filled);
+    }
     return 1;
 }
 
@@ -1274,7 +1328,6 @@ static PyMethodDef SchemaCore_methods[] = {
 
 static PyMemberDef SchemaCore_members[] = {
     {"_schema", T_OBJECT, offsetof(SchemaCore, schema), 0, "the compiled schema"},
-    {"_configs", T_OBJECT, offsetof(SchemaCore, configs), 0, "the configurations (a list)"},
     {"_history", T_OBJECT, offsetof(SchemaCore, history), 0, "what rollback restores (a deque)"},
     {"_output", T_OBJECT, offsetof(SchemaCore, output), 0, "the output so far (a bytearray)"},
     {"_lexer", T_LONGLONG, offsetof(SchemaCore, lexer), 0, "the JSON lexer state at the end of the output"},
@@ -1282,6 +1335,32 @@ static PyMemberDef SchemaCore_members[] = {
     {"_scratch", T_OBJECT, offsetof(SchemaCore, scratch), 0, "xgrammar's row when it is wider"},
     {"_scratch_width", T_LONGLONG, offsetof(SchemaCore, scratch_width), 0, "the row width"},
     {NULL, 0, 0, 0, NULL},
+};
+
+/* _configs: the configurations (a list), made now after steps inside a value (pending) */
+static PyObject *SchemaCore_configs(SchemaCore *self, void *unused) {
+    if (self->pending && SchemaCore_settle(self) < 0) {
+        return NULL;
+    }
+    return Py_NewRef(self->configs == NULL ? Py_None : self->configs);
+}
+
+static int SchemaCore_set_configs(SchemaCore *self, PyObject *configs, void *unused) {
+    if (configs == NULL) {
+        PyErr_SetString(PyExc_AttributeError, "_configs cannot be deleted");
+        return -1;
+    }
+    if (self->pending) { /* `resolved`'s node is no longer the node of its list (it may come back) */
+        SchemaCore_forget(self);
+    }
+    Py_INCREF(configs);
+    Py_XSETREF(self->configs, configs);
+    return 0;
+}
+
+static PyGetSetDef SchemaCore_getset[] = {
+    {"_configs", (getter)SchemaCore_configs, (setter)SchemaCore_set_configs, "the configurations (a list)", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject SchemaCoreType = {
@@ -1294,6 +1373,7 @@ static PyTypeObject SchemaCoreType = {
     .tp_dealloc = (destructor)SchemaCore_dealloc,
     .tp_methods = SchemaCore_methods,
     .tp_members = SchemaCore_members,
+    .tp_getset = SchemaCore_getset,
 };
 
 /* The row width of a matcher's schema (its step tables'), or -1 where it has none. */
@@ -1338,37 +1418,45 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
     PyObject **items = PySequence_Fast_ITEMS(matchers);
     int64_t *targets = PyMem_Malloc(sizeof(int64_t) * ((size_t)n + 1));
     char *batched = PyMem_Calloc((size_t)n + 1, 1);
-    PyObject *handles = PyList_New(0), *indices = PyList_New(0), *result = NULL;
+    PyObject *handles = PyList_New(n), *indices = PyList_New(n), *result = NULL;
     if (targets == NULL || batched == NULL || handles == NULL || indices == NULL) {
         if (!PyErr_Occurred()) {
             PyErr_NoMemory();
         }
         goto done;
     }
-    for (Py_ssize_t i = 0; i < n; i++) { /* every check first: a deferred call writes nothing */
+    /* every check first (a deferred call writes nothing), the structural rows' handles with
+     * them: one pass over the matchers, each read once before xgrammar's batch and once after */
+    Py_ssize_t count = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + 4 < n) {
+            PREFETCH(items[i + 4]);
+        }
+        SchemaCore *m = (SchemaCore *)items[i];
         int64_t row = i;
         if (!PyObject_TypeCheck(items[i], &SchemaCoreType) ||
             (rows != Py_None && !exact_int(PySequence_Fast_ITEMS(rows)[i], &row)) || row < 0 ||
-            row >= h->dimensions[0] || SchemaCore_width((SchemaCore *)items[i]) != h->dimensions[1]) {
+            row >= h->dimensions[0] || SchemaCore_width(m) != h->dimensions[1]) {
             Py_INCREF(Py_None);
             result = Py_None;
             goto done;
         }
         targets[i] = row;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        SchemaCore *m = (SchemaCore *)items[i];
-        if (SchemaCore_resolve(m) != RESOLVED_STRUCT || !((const StepTables *)m->tables)->lex->inline_pseudo) {
+        if (m->kind != RESOLVED_STRUCT || !((const StepTables *)m->tables)->lex->inline_pseudo) {
             continue; /* (inside a value, or xgrammar's rows wider: its own fill below, in C where it can) */
         }
-        PyObject *index = PyLong_FromLongLong(targets[i]);
-        int failed = index == NULL || PyList_Append(handles, m->handle) < 0 || PyList_Append(indices, index) < 0;
-        Py_XDECREF(index);
-        if (failed) {
+        PyObject *index = PyLong_FromLongLong(row);
+        if (index == NULL) {
             goto done;
         }
+        Py_INCREF(m->handle);
+        PyList_SET_ITEM(handles, count, m->handle);
+        PyList_SET_ITEM(indices, count, index);
+        count++;
         batched[i] = 1;
     }
+    Py_SET_SIZE(handles, count); /* (the items past count were never set) */
+    Py_SET_SIZE(indices, count);
     if (PyList_GET_SIZE(handles) > 0) {
         PyObject *call[] = {args[3], handles, bitmask, indices, Py_False};
         PyObject *filled = PyObject_VectorcallMethod(str_batch_fill, call, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -1378,6 +1466,9 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
         Py_DECREF(filled);
     }
     for (Py_ssize_t i = 0; i < n; i++) {
+        if (i + 4 < n) {
+            PREFETCH(items[i + 4]);
+        }
         if (batched[i]) {
             int32_t *out = (int32_t *)h->data + targets[i] * h->dimensions[1];
             int finished = SchemaCore_finish_row((SchemaCore *)items[i], out, out);
