@@ -380,6 +380,12 @@ def test_sentinel_lead_byte_is_refused_by_xgrammars_free_text(monkeypatch: pytes
     with pytest.raises(ImportError, match="lets free text"):
         check_entry_unforgeable.__wrapped__()
     monkeypatch.undo()
+    # and a byte said to begin no character that free text begins one with: the C fills would
+    # leave its refusal to xgrammar
+    monkeypatch.setattr(_structure, "BEGIN_NO_CHARACTER", b"a\x80")
+    with pytest.raises(ImportError, match="0x61, which begins no UTF-8 character"):
+        check_entry_unforgeable.__wrapped__()
+    monkeypatch.undo()
     table = [bytes([b]) for b in range(256)]
     compiler = xgr.GrammarCompiler(xgr.TokenizerInfo(table, xgr.VocabType.RAW, vocab_size=256, stop_token_ids=[]))
     for kind in (kind for kind in FREE.values() if kind["type"] == "string"):

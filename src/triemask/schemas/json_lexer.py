@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from ..base import kernels
 from ..vocab import Vocabulary
-from .structure import SENTINEL_LEAD
+from .structure import BEGIN_NO_CHARACTER, SENTINEL_LEAD
 
 # --------------------------------------------------------------------------- strict JSON
 
@@ -92,13 +92,16 @@ class Lexical:
     never: npt.NDArray[np.bool_]  # by token id: refused from every state (no piece of it is needed)
     # keep, less the refusals at a byte outside strings that is not 0xFF: xgrammar's JSON
     # structure holds none of those bytes (JSON's punctuation, literals, numbers and
-    # whitespace are ASCII), so the C step ANDs this sparser row (tests/test_schema_native.py
-    # checks, against the reference's keep, that nothing else differs).
+    # whitespace are ASCII), and less the refusals at a token's first byte between a string's
+    # characters of a byte that begins none (BEGIN_NO_CHARACTER: xgrammar's free text holds
+    # none there, structure.check_entry_unforgeable), so the C step ANDs this sparser row
+    # (tests/test_schema_native.py checks, against the reference's keep, that nothing else differs).
     string_keep: npt.NDArray[np.int32]
     # string_keep, less the refusals of a raw control character inside a string: what the C
     # step ANDs for a grammar none of whose character classes or literals admits one inside
-    # a string (structure.controls_in_strings), where xgrammar refuses them itself. Inside
-    # strings this row changes 116 of Qwen's 4,748 words (string_keep: 2,058), outside them 1 (332).
+    # a string (structure.controls_in_strings), where xgrammar refuses them itself. Between a
+    # string's characters this row changes none of Qwen's 4,748 words (string_keep: 2,014; 116
+    # and 2,058 when it kept the first bytes that begin no character), outside strings 1 (332).
     utf8_keep: npt.NDArray[np.int32]
 
     @classmethod
@@ -116,12 +119,18 @@ class Lexical:
             after = np.frombuffer(found[0], dtype=np.uint8).reshape(len(_LEXER_STATES), n)
             why = np.frombuffer(found[1], dtype=np.uint8).reshape(len(_LEXER_STATES), n)
         refused = after == LEX_REFUSED
+        # refused at a first byte that begins no character, between a string's characters
+        spelled = lengths > 0
+        first = np.zeros(n, dtype=np.uint8)
+        first[spelled] = np.frombuffer(data, dtype=np.uint8)[offsets[:n][spelled]]
+        xgrammars = np.zeros_like(refused)
+        xgrammars[_IN] = spelled & np.isin(first, np.frombuffer(BEGIN_NO_CHARACTER, dtype=np.uint8))
         return cls(
             tuple(row.tobytes() for row in after),
             _keep_rows(refused, width),
             refused.all(axis=0),
-            _keep_rows(refused & (why != REFUSED_OUTSIDE), width),
-            _keep_rows(refused & (why == REFUSED_ANYWHERE), width),
+            _keep_rows(refused & (why != REFUSED_OUTSIDE) & ~xgrammars, width),
+            _keep_rows(refused & (why == REFUSED_ANYWHERE) & ~xgrammars, width),
         )
 
 

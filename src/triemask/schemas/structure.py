@@ -32,6 +32,11 @@ _FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
 VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
 _BEFORE_VALUE = re.compile(rb"(?:.*[:,\[])?[ \t\n\r]*\Z", re.S)  # structure a value can follow
 SENTINEL_LEAD = 0xFF  # never in UTF-8, so in no text of the structure's language
+BEGIN_NO_CHARACTER = bytes([*range(0x80, 0xC2), *range(0xF5, 0x100)])
+"""The bytes that begin no UTF-8 character (RFC 3629: continuation bytes, the overlong leads
+0xC0 and 0xC1, the leads past U+10FFFF; 0xFF, the sentinel's lead, among them). xgrammar's free
+text holds none where a character begins (:func:`check_entry_unforgeable`), so the C fills leave
+those refusals to it (:class:`~.json_lexer.Lexical`)."""
 _SENTINEL_DIGITS = bytes(range(0x10, 0x20))
 STRUCT = -1
 
@@ -126,7 +131,9 @@ _INTO_FREE_TEXT = (b'"', b'"b', b'"a@', b'{"', b'{"k": "')
 @cache
 def check_entry_unforgeable() -> None:
     """Refuse an xgrammar whose free text can hold byte 0xFF: a field's entry (the sentinel)
-    would then be forgeable inside a string. Once per process, on 256 one-byte tokens."""
+    would then be forgeable inside a string; or can begin a character with one of
+    :data:`BEGIN_NO_CHARACTER`, whose refusal the C fills leave to it. Once per process, on
+    256 one-byte tokens, at a character's start in free text of every kind."""
     import xgrammar
 
     table = [bytes([b]) for b in range(256)]
@@ -141,13 +148,19 @@ def check_entry_unforgeable() -> None:
         if not matcher.accept_string(prefix):  # pragma: no cover - a change in xgrammar's JSON
             raise ImportError(f"triemask cannot check xgrammar's free text: it refuses {prefix!r}")
         matcher.fill_next_token_bitmask(mask)
-        in_mask = (int(mask[0, SENTINEL_LEAD >> 5]) >> (SENTINEL_LEAD & 31)) & 1
-        if in_mask or matcher.fork().accept_string(bytes([SENTINEL_LEAD])):
-            raise ImportError(
-                f"the installed xgrammar ({version('xgrammar')}) lets free text (after {prefix!r}) hold byte "
-                f"0x{SENTINEL_LEAD:02X}, with which triemask marks where a field's value may start: its schemas "
-                "would accept invalid JSON. Install an xgrammar that keeps strings UTF-8 (0.2.x)."
-            )
+        for byte in sorted({SENTINEL_LEAD, *BEGIN_NO_CHARACTER}, key=lambda b: b != SENTINEL_LEAD):
+            in_mask = (int(mask[0, byte >> 5]) >> (byte & 31)) & 1
+            if in_mask or matcher.fork().accept_string(bytes([byte])):
+                what = (
+                    "with which triemask marks where a field's value may start"
+                    if byte == SENTINEL_LEAD
+                    else "which begins no UTF-8 character"
+                )
+                raise ImportError(
+                    f"the installed xgrammar ({version('xgrammar')}) lets free text (after {prefix!r}) hold byte "
+                    f"0x{byte:02X}, {what}: its schemas would accept invalid JSON. Install an xgrammar that "
+                    "keeps strings UTF-8 (0.2.x)."
+                )
 
 
 def structure_grammar(ebnf: str, sentinels: dict[str, bytes]) -> Any:

@@ -35,14 +35,15 @@
  *                 s * n + t (LEX_STATES: refused)
  *   keep          int32 [2 * LEX_STATES * width]: two sets of rows, one per lexer state: the
  *                 bitmask of tokens not refused inside strings (outside them xgrammar's JSON
- *                 structure holds no byte the lexer refuses but 0xFF, which stays refused:
+ *                 structure holds no byte the lexer refuses but 0xFF, which stays refused,
+ *                 and its free text begins no character with a byte that begins none:
  *                 Lexical.string_keep), then the same less the refusals of a raw control
  *                 character inside a string (Lexical.utf8_keep: for grammars that admit none
  *                 there, structure.controls_in_strings)
  *   sparse_*      the same rows as CSR (offsets int64 [2 * LEX_STATES + 1], words and masks
  *                 int32): the words where a row is not all ones, ANDed one by one where they
  *                 are few (of Qwen's 4,748 words, outside strings 332 in the first set and 1
- *                 in the second; inside them 2,058 and 116)
+ *                 in the second; between a string's characters 2,014 and none)
  *   eos           uint8 [vocab_size]: 1 for the end-of-sequence ids
  *   pseudo_keep   int32 [pseudo_hi - pseudo_lo]: in xgrammar's words pseudo_lo .. pseudo_hi,
  *                 the bits of real tokens (the others are the extra tokens)
