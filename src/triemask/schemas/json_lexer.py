@@ -123,14 +123,14 @@ class Lexical:
         spelled = lengths > 0
         first = np.zeros(n, dtype=np.uint8)
         first[spelled] = np.frombuffer(data, dtype=np.uint8)[offsets[:n][spelled]]
-        xgrammars = np.zeros_like(refused)
-        xgrammars[_IN] = spelled & np.isin(first, np.frombuffer(BEGIN_NO_CHARACTER, dtype=np.uint8))
+        left_to_xgrammar = np.zeros_like(refused)
+        left_to_xgrammar[_IN] = spelled & np.isin(first, np.frombuffer(BEGIN_NO_CHARACTER, dtype=np.uint8))
         return cls(
             tuple(row.tobytes() for row in after),
             _keep_rows(refused, width),
             refused.all(axis=0),
-            _keep_rows(refused & (why != REFUSED_OUTSIDE) & ~xgrammars, width),
-            _keep_rows(refused & (why == REFUSED_ANYWHERE) & ~xgrammars, width),
+            _keep_rows(refused & (why != REFUSED_OUTSIDE) & ~left_to_xgrammar, width),
+            _keep_rows(refused & (why == REFUSED_ANYWHERE) & ~left_to_xgrammar, width),
         )
 
 
