@@ -581,6 +581,45 @@ def test_steps_where_a_token_holds_a_whole_value_equal_the_reference(name: str) 
 
 
 @native_only
+def test_tokens_that_enter_or_leave_a_value_step_in_c(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token that enters a field's value at one place (`` "``) or ends it and goes on in the
+    structure (``",``) is a C step (xgrammar's matcher takes the string in place, no fork):
+    no call of the reference along a walk, masks and rollback equal to the reference's."""
+    merges = [b' "', b'",', b'"}', b"ab", b'"x']
+    vocab = byte_vocabulary(merges)
+    schema = {
+        "type": "object",
+        "properties": {"t": {"enum": ["ab", "abc", "x", "xy"]}, "u": {"enum": ["ab", "x"]}, "n": {"type": "string"}},
+        "required": ["t", "u", "n"],
+    }
+    compiled = Compiler(vocab).compile_json_schema(schema, min_enum_values=2, separators=(",", ": "))
+    text = [b"{", b'"', b"t", b'"', b":", b' "', b"ab", b'",', b'"', b"u", b'"', b":", b' "', b"x", b'",']
+    text += [b'"', b"n", b'"', b":", b' "', b"q", b'"}']
+    ids = {piece: 256 + i for i, piece in enumerate(merges)} | {bytes([b]): b for b in range(256)}
+    tokens = [ids[piece] for piece in text]
+    deferred: list[int] = []
+    reference = SchemaMatcher._accept_token_reference
+    monkeypatch.setattr(
+        SchemaMatcher, "_accept_token_reference", lambda self, token: deferred.append(token) or reference(self, token)
+    )
+    ours, twin = SchemaMatcher(compiled, max_rollback=64), SchemaMatcher(compiled, max_rollback=64)
+    width = (vocab.vocab_size + 31) // 32
+    native, expected = np.zeros((1, width), dtype=np.int32), np.zeros((1, width), dtype=np.int32)
+    for token in tokens:
+        ours.fill_next_token_bitmask(native)
+        twin._fill_reference(expected)
+        assert np.array_equal(native, expected), ours.text
+        assert ours.accept_token(token) and reference(twin, token)
+    assert deferred == [] and ours.value == twin.value == {"t": "ab", "u": "x", "n": "q"}
+    for _ in tokens:  # back through the values' entries and ends, one step at a time
+        ours.rollback(1)
+        twin.rollback(1)
+        ours.fill_next_token_bitmask(native)
+        twin._fill_reference(expected)
+        assert np.array_equal(native, expected) and state_of(ours) == state_of(twin)
+
+
+@native_only
 def test_exit_and_entry_tables_are_checked(vocab: Vocabulary) -> None:
     """Every index the C fills around a value read is checked when the tables are built."""
     compiled = Compiler(vocab).compile_json_schema(SCHEMAS["plain + enum"], min_enum_values=2)

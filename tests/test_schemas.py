@@ -44,6 +44,7 @@ from triemask import (
 )
 from triemask.datasets import load_tool_registry, tool_specs
 from triemask.schemas import dispatch
+from triemask.schemas.support import compile_threads
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -510,6 +511,16 @@ def test_stats_and_sharing(byte_compiler: Compiler) -> None:
     small = byte_compiler.compile_json_schema(SCHEMAS["$ref"])  # 17 values: below the default threshold
     assert small.stats()["trie_fields"] == []
     assert compiled.schema == SCHEMAS["$ref"]
+
+
+def test_xgrammar_compiles_on_no_more_threads_than_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    """xgrammar's default (8) where the process may use that many CPUs, else one per CPU."""
+    for cpus, threads in [(range(64), 8), (range(2), 2), (range(1), 1)]:
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cpus=cpus: set(cpus), raising=False)
+        assert compile_threads() == threads
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # (macOS, Windows)
+    monkeypatch.setattr(os, "cpu_count", lambda: None)
+    assert compile_threads() == 1
 
 
 def test_pydantic_models(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:

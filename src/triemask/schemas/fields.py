@@ -201,9 +201,10 @@ def entry_tables(
 
 
 def exit_tables(field: Field) -> tuple[Any, ...]:
-    """What the C steps read at a node where a value may end inside a token (``StepTables``'
+    """What the C steps read where a value may begin or end inside a token (``StepTables``'
     exits, checked there): the exits by node, their pieces' heads (tokens, ends, the three
-    lookups of :class:`~.support.Pieces`), the field's first bytes and its sentinel."""
+    lookups of :class:`~.support.Pieces`), the field's first bytes, its sentinel, its tails
+    and middles (read, not copied: the field's own dicts) and its last bytes."""
     pieces = field.pieces
     return (
         np.ascontiguousarray(field.exit_nodes, dtype=np.int32),
@@ -214,6 +215,9 @@ def exit_tables(field: Field) -> tuple[Any, ...]:
         np.ascontiguousarray(pieces.head_lookups, dtype=np.int64),
         field.first,
         field.sentinel,
+        field.tails,
+        field.middles,
+        field.last,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 from collections.abc import Hashable
@@ -148,6 +149,17 @@ def split_tokens(
     )
 
 
+XGRAMMAR_COMPILE_THREADS = 8  # xgrammar's GrammarCompiler default
+
+
+def compile_threads() -> int:
+    """Threads for xgrammar's compiles: its default (8), but no more than the CPUs this
+    process may run on. More threads than CPUs only contend: on 2 CPUs, 8 threads compile
+    vLLM's schema of 50 tools in 41-43 ms and 2 threads in 37-39 ms (1 thread: 56-58 ms)."""
+    usable = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    return max(1, min(XGRAMMAR_COMPILE_THREADS, len(usable)))
+
+
 class VocabularySupport:
     """What every mixed schema of one vocabulary shares: xgrammar's tokenizer info
     (the real tokens, then one ``p + 0xFF`` token per structural prefix ``p``), the
@@ -190,7 +202,7 @@ class VocabularySupport:
         self.info = xgrammar.TokenizerInfo(
             encoded, xgrammar.VocabType.RAW, vocab_size=len(encoded), stop_token_ids=list(vocab.eos_token_ids)
         )
-        self.grammar_compiler = xgrammar.GrammarCompiler(self.info, cache_enabled=False)
+        self.grammar_compiler = xgrammar.GrammarCompiler(self.info, max_threads=compile_threads(), cache_enabled=False)
         self._pieces: BoundedLRU[tuple[bytes, bytes], Pieces] = BoundedLRU(8)  # a handful of byte sets in practice
         self._skeletons: BoundedLRU[Hashable, Skeleton] = BoundedLRU(SKELETON_CACHE_BYTES)
         self._plain_tables: dict[bool, Any] = {}  # the step tables of the schemas without trie fields

@@ -13,18 +13,25 @@
  *   inside a field's value: accept is the lexer's lookup and one trie step, to a node inside
  *   the value or (where a value's end resumes the structure on the same matcher: not a tool's
  *   name) to a leaf, where the value is over; at a node from which a value may end inside a
- *   token, only for a token that cannot (no exit's head). Fill is the trie's row (the set
- *   kernel's fill_one); at such a node (where a value's end resumes the structure on the same
+ *   token, for a token that cannot (no exit's head) or that ends it (below). Fill is the
+ *   trie's row (the set kernel's fill_one); at such a node (where a value's end resumes the structure on the same
  *   matcher) plus the tokens that end the value and go on: engine._fill_exits, from xgrammar's
  *   mask after the value and, for a rest that mask cannot decide, engine._feasible's probe
  *   (the rest taken whole, else no field can be entered inside it), then the lexer's row.
  *
+ * Two steps cross a value's boundary, where the token has one reading (engine._feed, without
+ * its forks): a token that may enter a field, read whole by the structure (the common step) or
+ * entering one field at one place, at a trie node inside the value, xgrammar's matcher taking the
+ * bytes before the value and the field's sentinel in place; and a token that ends the value at
+ * one exit and goes on at no trie node, the matcher taking the rest in place (no value may start
+ * in it). Rollback undoes both with xgrammar's own rollback, as the common step's.
+ *
  * xgrammar is called through the handle of its GrammarMatcher (matcher._handle), the cheapest
  * interface it offers: no Python frame of its wrapper. Everything else (a token holding a
- * whole value after a prefix where a field may start; a token that may cross into a field,
- * unless the last fill found none can be entered; a token that may end a value; a field that
- * may be entered inside a rest; several readings; a buffer other than a C-contiguous int32
- * ndarray of the row width; an argument that is not an exact int) goes to the Python methods
+ * whole value, or with several readings: the structure's and a field's, two fields', a value
+ * that ends or goes on; a field that may be entered inside a rest; a tool's name, whose end
+ * moves to its arguments' grammar; a buffer other than a C-contiguous int32 ndarray of the row
+ * width; an argument that is not an exact int) goes to the Python methods
  * _accept_token_reference and _fill_reference of SchemaMatcher, the reference implementation,
  * which tests/test_schema_native.py compares this against at every step of random walks.
  *
@@ -171,14 +178,16 @@ static PyTypeObject LexTablesType = {
  * exits by trie node (ascending), each the piece that ends a value there; per piece, the heads:
  * tokens that begin with it, where it ends in them, and three lookups in xgrammar's vocabulary
  * (the rest as one token, its longest token prefix, the extra token of the one place a value
- * could start again in it: -1 unknown, -2 none); the field's first bytes and its sentinel. */
-enum { EXIT_VIEWS = 6 };
+ * could start again in it: -1 unknown, -2 none); the field's first bytes and its sentinel; and
+ * where a value begins inside a token, its tails and middles (dicts: a piece's bytes to a trie
+ * node, checked where read) and its last bytes. */
+enum { EXIT_VIEWS = 6, EXIT_ITEMS = EXIT_VIEWS + 5 };
 typedef struct {
     Py_buffer views[EXIT_VIEWS]; /* exit_nodes, exit_pieces, head_offsets, head_tokens, head_ends, head_lookups */
     const int32_t *nodes, *pieces, *ends;
     const int64_t *offsets, *tokens, *lookups;
     Py_ssize_t n_exits, n_heads;
-    PyObject *first, *sentinel; /* bytes, borrowed from the fields tuple */
+    PyObject *first, *sentinel, *tails, *middles, *last; /* bytes and dicts, borrowed from the fields tuple */
 } Exits;
 
 /* Where a field may be entered after a structural prefix (engine._fill_entries): the field, the
@@ -216,9 +225,12 @@ static Py_ssize_t xgr_bits(const LexTables *l) { return 32 * l->xgr_width; }
  * head_tokens int64, head_ends int32, head_lookups int64 [3 * heads], first bytes, sentinel
  * bytes), every index checked: 1, 0 when inconsistent, -1 on an error. */
 static int Exits_init(Exits *x, PyObject *given, const LexTables *l, int64_t num_nodes, Py_ssize_t bits) {
-    if (!PyTuple_Check(given) || PyTuple_GET_SIZE(given) != EXIT_VIEWS + 2 ||
+    if (!PyTuple_Check(given) || PyTuple_GET_SIZE(given) != EXIT_ITEMS ||
         !PyBytes_CheckExact(PyTuple_GET_ITEM(given, EXIT_VIEWS)) ||
-        !PyBytes_CheckExact(PyTuple_GET_ITEM(given, EXIT_VIEWS + 1))) {
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(given, EXIT_VIEWS + 1)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(given, EXIT_VIEWS + 2)) ||
+        !PyDict_CheckExact(PyTuple_GET_ITEM(given, EXIT_VIEWS + 3)) ||
+        !PyBytes_CheckExact(PyTuple_GET_ITEM(given, EXIT_VIEWS + 4))) {
         return 0;
     }
     for (int v = 0; v < EXIT_VIEWS; v++) {
@@ -234,6 +246,9 @@ static int Exits_init(Exits *x, PyObject *given, const LexTables *l, int64_t num
     x->lookups = (const int64_t *)x->views[5].buf;
     x->first = PyTuple_GET_ITEM(given, EXIT_VIEWS);
     x->sentinel = PyTuple_GET_ITEM(given, EXIT_VIEWS + 1);
+    x->tails = PyTuple_GET_ITEM(given, EXIT_VIEWS + 2);
+    x->middles = PyTuple_GET_ITEM(given, EXIT_VIEWS + 3);
+    x->last = PyTuple_GET_ITEM(given, EXIT_VIEWS + 4);
     x->n_exits = x->views[0].len / (Py_ssize_t)sizeof(int32_t);
     x->n_heads = x->views[3].len / (Py_ssize_t)sizeof(int64_t);
     Py_ssize_t n_pieces = x->views[2].len / (Py_ssize_t)sizeof(int64_t) - 1;
@@ -468,20 +483,25 @@ static Py_ssize_t first_exit(const Exits *x, int64_t node) {
     return e;
 }
 
-/* Whether `token` begins with a piece that ends a value at `node` (heads ascend by token
- * within a piece): then it may leave the value, which the reference reads. */
+/* The head of exit `e`'s piece that `token` is (heads ascend by token within a piece, each
+ * token once: the piece ends where its length does), or -1. */
+static int64_t head_of(const Exits *x, Py_ssize_t e, int64_t token) {
+    int64_t lo = x->offsets[x->pieces[e]], hi = x->offsets[x->pieces[e] + 1], end = hi;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (x->tokens[mid] < token) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    return lo < end && x->tokens[lo] == token ? lo : -1;
+}
+
+/* Whether `token` begins with a piece that ends a value at `node`: then it may leave the value. */
 static int exit_head(const Exits *x, int64_t node, int64_t token) {
     for (Py_ssize_t e = first_exit(x, node); e < x->n_exits && x->nodes[e] == node; e++) {
-        int64_t lo = x->offsets[x->pieces[e]], hi = x->offsets[x->pieces[e] + 1];
-        while (lo < hi) {
-            int64_t mid = lo + (hi - lo) / 2;
-            if (x->tokens[mid] < token) {
-                lo = mid + 1;
-            } else {
-                hi = mid;
-            }
-        }
-        if (lo < x->offsets[x->pieces[e] + 1] && x->tokens[lo] == token) {
+        if (head_of(x, e, token) >= 0) {
             return 1;
         }
     }
@@ -880,9 +900,11 @@ static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *follo
         memcpy(PyByteArray_AS_STRING(self->output) + before, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
     }
     if (following != NULL) {
+        if (self->pending) { /* `resolved`'s node is no longer its list's, and the list may come back */
+            SchemaCore_forget(self);
+        }
         Py_INCREF(following);
         Py_SETREF(self->configs, following);
-        self->pending = 0;
     }
     self->lexer = lexer;
     Py_INCREF(Py_None);
@@ -938,6 +960,251 @@ static int SchemaCore_settle(SchemaCore *self) {
     return 0;
 }
 
+/* Whether a value of one of the schema's fields may start at s[j] (structure.value_start_offsets
+ * with starts_first): s[j] is one of their first bytes, and only JSON whitespace lies between it
+ * and a ':', ',' or '[' before it, or s's start. */
+static int value_may_start(const StepTables *t, const char *s, Py_ssize_t j) {
+    if (memchr(PyBytes_AS_STRING(t->starts_first), s[j], (size_t)PyBytes_GET_SIZE(t->starts_first)) == NULL) {
+        return 0;
+    }
+    while (j > 0 && (s[j - 1] == ' ' || s[j - 1] == '\t' || s[j - 1] == '\n' || s[j - 1] == '\r')) {
+        j--;
+    }
+    return j == 0 || s[j - 1] == ':' || s[j - 1] == ',' || s[j - 1] == '[';
+}
+
+/* Roll xgrammar's matcher (its handle) back by the one string it took: after a step that could
+ * not be completed (its error already set, and kept). */
+static void undo_string(PyObject *handle) {
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyObject *undone = call_handle(handle, str_rollback, small_one, 0);
+    Py_XDECREF(undone);
+    PyErr_Restore(type, value, traceback);
+}
+
+/* Make the step to the one configuration [`config` with field `field`, node `node`, value start
+ * `value_start` and cache `cache`], xgrammar's matcher `advanced` having taken one string in place
+ * (undone here where the step cannot be made). Steals `value_start` and `cache`. 1, or -1. */
+static int SchemaCore_step_to(SchemaCore *self, PyObject *config, PyObject *field, int64_t node,
+                              PyObject *value_start, PyObject *cache, PyObject *advanced, PyObject *handle,
+                              long long lexer, PyObject *data) {
+    PyObject *moved = value_start == NULL || cache == NULL
+                          ? NULL
+                          : config_like(config, field, PyLong_FromLongLong(node), value_start, cache);
+    PyObject *configs = moved == NULL ? NULL : PyList_New(1);
+    Py_XDECREF(value_start);
+    Py_XDECREF(cache);
+    if (configs == NULL) {
+        Py_XDECREF(moved);
+        undo_string(handle);
+        return -1;
+    }
+    PyList_SET_ITEM(configs, 0, moved);
+    int failed = SchemaCore_step(self, advanced, configs, lexer, data);
+    Py_DECREF(configs);
+    if (failed) {
+        undo_string(handle);
+        return -1;
+    }
+    return 1;
+}
+
+/* Where a field's value may start in a token (SchemaCore_cross): the offset, the field and the
+ * trie node the rest of the token (the tail) reaches. */
+typedef struct {
+    Py_ssize_t at, field;
+    int64_t node;
+} FieldStart;
+
+enum { MAX_STARTS = 8 };
+
+/* xgrammar's matcher (`handle`) takes, in place, the token's bytes before `place` and its field's
+ * sentinel: 1 taken, 0 not (unchanged), -1 on an error. */
+static int take_start(const StepTables *t, PyObject *handle, const char *bytes, const FieldStart *place) {
+    PyObject *sentinel = t->exits[place->field].sentinel;
+    PyObject *text = PyBytes_FromStringAndSize(NULL, place->at + PyBytes_GET_SIZE(sentinel));
+    if (text == NULL) {
+        return -1;
+    }
+    memcpy(PyBytes_AS_STRING(text), bytes, (size_t)place->at);
+    memcpy(PyBytes_AS_STRING(text) + place->at, PyBytes_AS_STRING(sentinel), (size_t)PyBytes_GET_SIZE(sentinel));
+    int taken = truth_of(call_handle(handle, str_accept_string, text, 1));
+    Py_DECREF(text);
+    return taken;
+}
+
+/* Where fields' values may start in a token (engine._feed's readings: each offset a value may
+ * start at, each field whose values may start with that byte, the node the tail reaches): their
+ * count, or -2 where the reference must read the token (a whole value inside it, a tail at a node
+ * where a value may be over, too many), -1 on an error. An offset and field without a tail is
+ * none. */
+static int token_starts(const StepTables *t, const char *bytes, Py_ssize_t length, FieldStart *starts) {
+    int count = 0;
+    for (Py_ssize_t j = 0; j < length; j++) {
+        if (!value_may_start(t, bytes, j)) {
+            continue;
+        }
+        for (Py_ssize_t k = 0; k < t->n_fields; k++) {
+            const Exits *x = &t->exits[k];
+            if (memchr(PyBytes_AS_STRING(x->first), bytes[j], (size_t)PyBytes_GET_SIZE(x->first)) == NULL) {
+                continue;
+            }
+            const char *piece = bytes + j, *last = PyBytes_AS_STRING(x->last);
+            Py_ssize_t size = length - j;
+            /* a whole value's end inside the piece (structure.value_end_offsets), then its tail */
+            for (Py_ssize_t i = 1; i <= size; i++) {
+                if (i < size && (piece[i] == 0 || strchr(",}] \t\n\r", piece[i]) == NULL ||
+                                 memchr(last, piece[i - 1], (size_t)PyBytes_GET_SIZE(x->last)) == NULL)) {
+                    continue;
+                }
+                PyObject *key = PyBytes_FromStringAndSize(piece, i);
+                PyObject *found = key == NULL ? NULL : PyDict_GetItemWithError(i < size ? x->middles : x->tails, key);
+                Py_XDECREF(key);
+                int64_t node;
+                if (found == NULL) {
+                    if (PyErr_Occurred()) {
+                        return -1;
+                    }
+                    continue;
+                }
+                if (i < size || count == MAX_STARTS || !exact_int(found, &node) || node < 0 ||
+                    node >= t->kernels[k]->num_nodes ||
+                    ((const uint8_t *)t->flags[k].buf)[node] & (FIELD_LEAF | FIELD_ACCEPTING)) {
+                    return -2;
+                }
+                starts[count++] = (FieldStart){j, k, node};
+            }
+        }
+    }
+    return count;
+}
+
+/* engine._feed for a token that may enter a field, from one structural configuration, without
+ * its forks, where the token has one reading: the structure alone (xgrammar takes its bytes: the
+ * common step) or one place (token_starts) whose sentinel xgrammar takes, in place (rollback
+ * undoes it, as the common step's): the configuration is then the field's at the place's node.
+ * Each place is tried on the matcher itself, undone where another is tried after it. Several
+ * readings, or anything token_starts leaves to the reference: deferred. 1 accepted, 0 refused,
+ * 2 to defer, -1 on an error. */
+static int SchemaCore_cross(SchemaCore *self, PyObject *data, long long lexer) {
+    const StepTables *t = (const StepTables *)self->tables;
+    if (t->exits == NULL) {
+        return 2;
+    }
+    const char *bytes = PyBytes_AS_STRING(data);
+    FieldStart starts[MAX_STARTS];
+    int count = token_starts(t, bytes, PyBytes_GET_SIZE(data), starts);
+    if (count < 0) {
+        return count == -1 ? -1 : 2;
+    }
+    int whole = truth_of(call_handle(self->handle, str_accept_string, data, 1));
+    if (whole < 0) {
+        return -1;
+    }
+    int found = -1, several = whole && count > 0; /* (read whole and maybe entered too) */
+    for (int i = 0; !whole && i < count; i++) {
+        int taken = take_start(t, self->handle, bytes, &starts[i]);
+        if (taken <= 0) {
+            if (taken < 0) {
+                return -1;
+            }
+            continue;
+        }
+        if (found >= 0) {
+            several = 1;
+            break;
+        }
+        found = i;
+        if (i < count - 1) { /* (the next ones are tried from where the token began) */
+            PyObject *undone = call_handle(self->handle, str_rollback, small_one, 0);
+            Py_XDECREF(undone);
+            if (undone == NULL) {
+                return -1;
+            }
+        }
+    }
+    if (several) { /* (the reading taken last undone: the reference reads them all) */
+        PyObject *undone = call_handle(self->handle, str_rollback, small_one, 0);
+        Py_XDECREF(undone);
+        return undone == NULL ? -1 : 2;
+    }
+    if (whole) {
+        if (SchemaCore_step(self, self->matcher, NULL, lexer, data) < 0) {
+            undo_string(self->handle);
+            return -1;
+        }
+        return 1;
+    }
+    if (found < 0) {
+        return 0;
+    }
+    if (found < count - 1) { /* (undone to try the others: taken again) */
+        int taken = take_start(t, self->handle, bytes, &starts[found]);
+        if (taken <= 0) {
+            return taken < 0 ? -1 : 2;
+        }
+    }
+    const FieldStart *place = &starts[found];
+    /* the value starts after the output and the token's bytes before it */
+    Py_ssize_t before = PyByteArray_GET_SIZE(self->output);
+    PyObject *value_start = PyBytes_FromStringAndSize(NULL, before + place->at);
+    if (value_start != NULL) {
+        memcpy(PyBytes_AS_STRING(value_start), PyByteArray_AS_STRING(self->output), (size_t)before);
+        memcpy(PyBytes_AS_STRING(value_start) + before, bytes, (size_t)place->at);
+    }
+    PyObject *number = PyLong_FromSsize_t(place->field);
+    if (number == NULL) {
+        Py_XDECREF(value_start);
+        undo_string(self->handle);
+        return -1;
+    }
+    int made = SchemaCore_step_to(self, PyList_GET_ITEM(self->resolved, 0), number, place->node, value_start,
+                                  PyDict_New(), self->matcher, self->handle, lexer, data);
+    Py_DECREF(number);
+    return made;
+}
+
+/* engine._token for a token that ends the value and nothing else (it goes on at no trie node),
+ * where a value's end resumes the structure on the same matcher: one exit's head at the node, and
+ * a rest in which no value may start, which xgrammar's matcher takes in place (rollback undoes
+ * it), the configuration the structure's. 1 accepted, 0 refused, 2 to defer, -1 on an error. */
+static int SchemaCore_leave(SchemaCore *self, int64_t token, PyObject *data, long long lexer) {
+    const StepTables *t = (const StepTables *)self->tables;
+    if (t->exits == NULL || !t->plain_exits) {
+        return 2;
+    }
+    const Exits *x = &t->exits[self->field];
+    int64_t end = -1;
+    for (Py_ssize_t e = first_exit(x, self->node); e < x->n_exits && x->nodes[e] == self->node; e++) {
+        int64_t h = head_of(x, e, token);
+        if (h >= 0 && end >= 0) {
+            return 2; /* (several heads: several readings) */
+        }
+        end = h >= 0 ? x->ends[h] : end;
+    }
+    if (end < 0) {
+        return 2;
+    }
+    const char *rest = PyBytes_AS_STRING(data) + end;
+    Py_ssize_t size = PyBytes_GET_SIZE(data) - end;
+    for (Py_ssize_t j = 0; j < size; j++) {
+        if (value_may_start(t, rest, j)) {
+            return 2;
+        }
+    }
+    PyObject *matcher = PyTuple_GET_ITEM(self->config, 1);
+    PyObject *handle = PyObject_GetAttr(matcher, str_handle);
+    PyObject *text = handle == NULL ? NULL : PyBytes_FromStringAndSize(rest, size);
+    int taken = text == NULL ? -1 : truth_of(call_handle(handle, str_accept_string, text, 1));
+    Py_XDECREF(text);
+    int made = taken <= 0 ? taken
+                          : SchemaCore_step_to(self, self->config, struct_field, 0, Py_NewRef(empty_bytes),
+                                               Py_NewRef(Py_None), matcher, handle, lexer, data);
+    Py_XDECREF(handle);
+    return made;
+}
+
 static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args, Py_ssize_t nargs,
                                          PyObject *kwnames) {
     int64_t token;
@@ -976,13 +1243,16 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
          * or an accepting node), the reference follows every reading */
         const Kernel *kernel = t->kernels[self->field];
         const uint8_t *flags = (const uint8_t *)t->flags[self->field].buf;
-        if (flags[self->node] & FIELD_EXITS &&
-            (t->exits == NULL || exit_head(&t->exits[self->field], self->node, token))) {
-            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
-        }
+        int leaves = flags[self->node] & FIELD_EXITS &&
+                     (t->exits == NULL || exit_head(&t->exits[self->field], self->node, token));
         int32_t following = next_of(kernel, self->node, token);
         if (following == NO_MEMORY) {
             return PyErr_NoMemory();
+        }
+        if (leaves) { /* (a token that also goes on inside the value: several readings) */
+            int left = following < 0 ? SchemaCore_leave(self, token, data, lexer) : 2;
+            return left == 2 ? defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames)
+                             : left < 0 ? NULL : PyBool_FromLong(left);
         }
         if (following < 0) {
             Py_RETURN_FALSE;
@@ -1024,7 +1294,9 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
     /* (the fill's verdict first: it is the matcher's own field, where the table by token is a
      * read out of the caches, a step's, after a forward pass) */
     if (self->filled != self->configs && data != Py_None && ((const uint8_t *)t->crossing.buf)[token]) {
-        return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+        int crossed = SchemaCore_cross(self, data, lexer);
+        return crossed == 2 ? defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames)
+                            : crossed < 0 ? NULL : PyBool_FromLong(crossed);
     }
     PyObject *call[] = {self->handle, args[0], Py_False};
     PyObject *accepted = PyObject_VectorcallMethod(str_accept_token, call, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
@@ -1161,16 +1433,8 @@ static int exit_probe(const StepTables *t, PyObject *handle, const char *rest, P
     if (taken != 0) {
         return taken;
     }
-    const char *starts = PyBytes_AS_STRING(t->starts_first);
     for (Py_ssize_t j = 0; j < length; j++) {
-        if (memchr(starts, rest[j], (size_t)PyBytes_GET_SIZE(t->starts_first)) == NULL) {
-            continue;
-        }
-        Py_ssize_t before = j;
-        while (before > 0 && strchr(" \t\n\r", rest[before - 1]) != NULL && rest[before - 1] != 0) {
-            before--;
-        }
-        if (before > 0 && (rest[before - 1] == 0 || strchr(":,[", rest[before - 1]) == NULL)) {
+        if (!value_may_start(t, rest, j)) {
             continue;
         }
         for (Py_ssize_t k = 0; k < t->n_fields; k++) {
