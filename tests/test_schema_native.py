@@ -617,6 +617,24 @@ def test_tokens_that_enter_or_leave_a_value_step_in_c(monkeypatch: pytest.Monkey
         ours.fill_next_token_bitmask(native)
         twin._fill_reference(expected)
         assert np.array_equal(native, expected) and state_of(ours) == state_of(twin)
+    # Where the structure reads the token too (a union of the enum and a free string), or it
+    # goes on inside the value as well as ending it ("ab" and "abc"), every reading is the
+    # reference's; the in-place tries leave the matcher as they found it.
+    union = {"type": "object", "properties": {"t": {"anyOf": [schema["properties"]["t"], {"type": "string"}]}}}
+    compiled = Compiler(vocab).compile_json_schema(union, min_enum_values=2, separators=(",", ": "))
+    for text in (
+        [b"{", b'"', b"t", b'"', b":", b' "', b"ab", b'"}'],
+        [b"{", b'"', b"t", b'"', b":", b' "', b"ab", b"c", b'"}'],
+    ):
+        ours, twin = SchemaMatcher(compiled), SchemaMatcher(compiled)
+        deferred.clear()
+        for token in [ids[piece] for piece in text]:
+            ours.fill_next_token_bitmask(native)
+            twin._fill_reference(expected)
+            assert np.array_equal(native, expected), ours.text
+            assert ours.accept_token(token) and reference(twin, token)
+            assert state_of(ours) == state_of(twin)
+        assert ids[b' "'] in deferred and ours.value == twin.value
 
 
 @native_only

@@ -14,10 +14,11 @@
  *   the value or (where a value's end resumes the structure on the same matcher: not a tool's
  *   name) to a leaf, where the value is over; at a node from which a value may end inside a
  *   token, for a token that cannot (no exit's head) or that ends it (below). Fill is the
- *   trie's row (the set kernel's fill_one); at such a node (where a value's end resumes the structure on the same
- *   matcher) plus the tokens that end the value and go on: engine._fill_exits, from xgrammar's
- *   mask after the value and, for a rest that mask cannot decide, engine._feasible's probe
- *   (the rest taken whole, else no field can be entered inside it), then the lexer's row.
+ *   trie's row (the set kernel's fill_one); at such a node (where a value's end resumes the
+ *   structure on the same matcher) plus the tokens that end the value and go on:
+ *   engine._fill_exits, from xgrammar's mask after the value and, for a rest that mask cannot
+ *   decide, engine._feasible's probe (the rest taken whole, else no field can be entered inside
+ *   it), then the lexer's row.
  *
  * Two steps cross a value's boundary, where the token has one reading (engine._feed, without
  * its forks): a token that may enter a field, read whole by the structure (the common step) or
