@@ -185,10 +185,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_batch_fill = PyUnicode_InternFromString("batch_fill_next_token_bitmask");
     str_accept_string = PyUnicode_InternFromString("accept_string");
     str_rollback = PyUnicode_InternFromString("rollback");
-    str_fork = PyUnicode_InternFromString("fork");
     small_zero = PyLong_FromLong(0);
     small_one = PyLong_FromLong(1);
-    if (str_accept_string == NULL || str_rollback == NULL || str_fork == NULL || small_one == NULL) {
+    if (str_accept_string == NULL || str_rollback == NULL || small_one == NULL) {
         return NULL;
     }
     struct_field = PyLong_FromLong(STRUCT_FIELD);

@@ -732,14 +732,14 @@ typedef struct {
 enum { RESOLVED_OTHER = 0, RESOLVED_STRUCT = 1, RESOLVED_ENUM = 2 };
 
 static PyObject *str_handle, *str_step_tables, *str_accept_token, *str_fill_next_token_bitmask, *str_batch_fill;
-static PyObject *str_accept_string, *str_rollback, *str_fork;
+static PyObject *str_accept_string, *str_rollback;
 static PyObject *small_zero, *small_one, *struct_field, *empty_bytes;
 
-/* A method of xgrammar's matcher handle (fork(), rollback(n), accept_string(data, debug_print)
- * with debug_flag: its last argument False). */
+/* A method of xgrammar's matcher handle with one argument (rollback(n), accept_string(data,
+ * debug_print) with debug_flag: its last argument False). */
 static PyObject *call_handle(PyObject *handle, PyObject *name, PyObject *argument, int debug_flag) {
     PyObject *call[] = {handle, argument, Py_False};
-    size_t count = argument == NULL ? 1 : debug_flag ? 3 : 2;
+    size_t count = debug_flag ? 3 : 2;
     return PyObject_VectorcallMethod(name, call, count | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
 }
 
@@ -751,6 +751,14 @@ static int truth_of(PyObject *answer) {
     int truth = PyObject_IsTrue(answer);
     Py_DECREF(answer);
     return truth;
+}
+
+/* xgrammar's matcher (its handle) undoes the one string or token it took last: 0, or -1 on an
+ * error. */
+static int roll_back_one(PyObject *handle) {
+    PyObject *undone = call_handle(handle, str_rollback, small_one, 0);
+    Py_XDECREF(undone);
+    return undone == NULL ? -1 : 0;
 }
 
 
@@ -979,8 +987,7 @@ static int value_may_start(const StepTables *t, const char *s, Py_ssize_t j) {
 static void undo_string(PyObject *handle) {
     PyObject *type, *value, *traceback;
     PyErr_Fetch(&type, &value, &traceback);
-    PyObject *undone = call_handle(handle, str_rollback, small_one, 0);
-    Py_XDECREF(undone);
+    roll_back_one(handle);
     PyErr_Restore(type, value, traceback);
 }
 
@@ -1117,18 +1124,12 @@ static int SchemaCore_cross(SchemaCore *self, PyObject *data, long long lexer) {
             break;
         }
         found = i;
-        if (i < count - 1) { /* (the next ones are tried from where the token began) */
-            PyObject *undone = call_handle(self->handle, str_rollback, small_one, 0);
-            Py_XDECREF(undone);
-            if (undone == NULL) {
-                return -1;
-            }
+        if (i < count - 1 && roll_back_one(self->handle) < 0) { /* (the next ones: from the token's start) */
+            return -1;
         }
     }
     if (several) { /* (the reading taken last undone: the reference reads them all) */
-        PyObject *undone = call_handle(self->handle, str_rollback, small_one, 0);
-        Py_XDECREF(undone);
-        return undone == NULL ? -1 : 2;
+        return roll_back_one(self->handle) < 0 ? -1 : 2;
     }
     if (whole) {
         if (SchemaCore_step(self, self->matcher, NULL, lexer, data) < 0) {
@@ -1335,11 +1336,9 @@ static int SchemaCore_enter(SchemaCore *self, int32_t *xgr, Py_ssize_t prefix) {
             }
             continue;
         }
-        PyObject *undone = call_handle(self->handle, str_rollback, small_one, 0);
-        if (undone == NULL) {
+        if (roll_back_one(self->handle) < 0) {
             return -1;
         }
-        Py_DECREF(undone);
         if (entry->middles) {
             return 0;
         }
@@ -1419,20 +1418,14 @@ static int SchemaCore_fill_structural(SchemaCore *self, PyObject *bitmask, PyObj
  * -1 on an error. A value may start inside the rest where its byte is one of starts_first and
  * only JSON whitespace lies between it and a ':', ',' or '[' before it, or the rest's start
  * (structure.value_start_offsets); a field is entered there if the structure takes the rest up
- * to it and the field's sentinel, on a fork. */
+ * to it and the field's sentinel. Each is tried on the matcher itself and undone (a string it
+ * refuses leaves it unchanged), where the reference forks. */
 static int exit_probe(const StepTables *t, PyObject *handle, const char *rest, Py_ssize_t length) {
     PyObject *whole = PyBytes_FromStringAndSize(rest, length);
     int taken = whole == NULL ? -1 : truth_of(call_handle(handle, str_accept_string, whole, 1));
     Py_XDECREF(whole);
-    if (taken == 1) {
-        PyObject *undone = call_handle(handle, str_rollback, small_one, 0);
-        if (undone == NULL) {
-            return -1;
-        }
-        Py_DECREF(undone);
-    }
     if (taken != 0) {
-        return taken;
+        return taken < 0 || roll_back_one(handle) < 0 ? -1 : 1;
     }
     for (Py_ssize_t j = 0; j < length; j++) {
         if (!value_may_start(t, rest, j)) {
@@ -1443,19 +1436,9 @@ static int exit_probe(const StepTables *t, PyObject *handle, const char *rest, P
             if (memchr(PyBytes_AS_STRING(x->first), rest[j], (size_t)PyBytes_GET_SIZE(x->first)) == NULL) {
                 continue;
             }
-            PyObject *text = PyBytes_FromStringAndSize(NULL, j + PyBytes_GET_SIZE(x->sentinel));
-            PyObject *fork = text == NULL ? NULL : call_handle(handle, str_fork, NULL, 0);
-            if (fork == NULL) {
-                Py_XDECREF(text);
-                return -1;
-            }
-            memcpy(PyBytes_AS_STRING(text), rest, (size_t)j);
-            memcpy(PyBytes_AS_STRING(text) + j, PyBytes_AS_STRING(x->sentinel), (size_t)PyBytes_GET_SIZE(x->sentinel));
-            int entered = truth_of(call_handle(fork, str_accept_string, text, 1));
-            Py_DECREF(text);
-            Py_DECREF(fork);
+            int entered = take_start(t, handle, rest, &(FieldStart){j, k, -1});
             if (entered != 0) {
-                return entered < 0 ? -1 : 2;
+                return entered < 0 || roll_back_one(handle) < 0 ? -1 : 2;
             }
         }
     }
