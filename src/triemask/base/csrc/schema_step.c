@@ -38,7 +38,8 @@
  *
  * LexTables: a vocabulary's part, built once per vocabulary and checked here once:
  *
- *   tokens        tuple, by token id < n: the token's bytes, or None (special tokens)
+ *   tokens        tuple, by token id < n: the token's bytes, or None (special tokens); the
+ *                 steps read `after` and the bytes from one record per token (TokenStep)
  *   after         uint8 [LEX_STATES * n]: the lexer state after token t from state s, at
  *                 s * n + t (LEX_STATES: refused)
  *   keep          int32 [2 * LEX_STATES * width]: two sets of rows, one per lexer state: the
@@ -74,12 +75,26 @@
  */
 
 enum { LEX_STATES = 10, KEEP_ROWS = 2 * LEX_STATES, STRUCT_FIELD = -1 };
+
+/* What a step reads of a token, in one 32-byte record (one cache line's read, where the lexer's
+ * table, the tokens' tuple and the bytes object were three): the lexer state after it from each
+ * state, and its bytes where they fit (`length`: their count, else TEXT_LONG: the tuple's bytes,
+ * TEXT_NONE: no bytes (special tokens), TEXT_OTHER: an item that is no bytes: the reference). */
+enum { TEXT_INLINE = 21, TEXT_OTHER = 253, TEXT_NONE = 254, TEXT_LONG = 255 };
+typedef struct {
+    uint8_t after[LEX_STATES];
+    uint8_t length;
+    char text[TEXT_INLINE];
+} TokenStep;
+typedef char token_step_fills_32_bytes[sizeof(TokenStep) == 32 ? 1 : -1];
 enum { FIELD_LEAF = 1, FIELD_ACCEPTING = 2, FIELD_EXITS = 4 }; /* a field node's flags */
 
 typedef struct {
     PyObject_HEAD
     PyObject *tokens; /* tuple */
     Py_buffer after, keep, eos, pseudo_keep, sparse_offsets, sparse_words, sparse_masks;
+    TokenStep *steps;    /* by token id < n, in `steps_memory` (aligned to a cache line) */
+    void *steps_memory;
     Py_ssize_t n, vocab_size, width, xgr_width, pseudo_lo, pseudo_hi;
     int inline_pseudo;
     int sparse[KEEP_ROWS]; /* whether a row is ANDed word by word from the CSR */
@@ -97,6 +112,7 @@ static void LexTables_dealloc(LexTables *self) {
     Py_buffer views[] = {self->after,       self->keep,           self->eos,         self->pseudo_keep,
                          self->sparse_offsets, self->sparse_words, self->sparse_masks};
     release_views(views, sizeof(views) / sizeof(views[0]));
+    PyMem_Free(self->steps_memory);
     Py_CLEAR(self->tokens);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -151,6 +167,26 @@ static int LexTables_init(LexTables *self, PyObject *args, PyObject *kwds) {
     if (bad) {
         PyErr_SetString(PyExc_ValueError, "schema step tables of inconsistent sizes or lexer states out of range");
         return -1;
+    }
+    self->steps_memory = PyMem_Malloc((size_t)n * sizeof(TokenStep) + 64);
+    if (self->steps_memory == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->steps = (TokenStep *)(((uintptr_t)self->steps_memory + 63) & ~(uintptr_t)63);
+    for (Py_ssize_t t = 0; t < n; t++) {
+        TokenStep *step = &self->steps[t];
+        PyObject *data = PyTuple_GET_ITEM(tokens, t);
+        for (int s = 0; s < LEX_STATES; s++) {
+            step->after[s] = states[s * n + t];
+        }
+        step->length = data == Py_None              ? TEXT_NONE
+                       : !PyBytes_CheckExact(data)    ? TEXT_OTHER
+                       : PyBytes_GET_SIZE(data) > TEXT_INLINE ? TEXT_LONG
+                                                              : (uint8_t)PyBytes_GET_SIZE(data);
+        if (step->length <= TEXT_INLINE) {
+            memcpy(step->text, PyBytes_AS_STRING(data), step->length);
+        }
     }
     Py_INCREF(tokens);
     self->tokens = tokens;
@@ -865,9 +901,10 @@ static void and_keep(const LexTables *l, long long row, const int32_t *from, int
 static int SchemaCore_settle(SchemaCore *self);
 
 /* Append (configurations, output length, lexer state, advanced) to the history, then make
- * the step: configurations `following` (NULL: unchanged), the lexer state, the token's bytes. */
+ * the step: configurations `following` (NULL: unchanged), the lexer state, the token's bytes
+ * (`text`, `length`). */
 static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *following, long long lexer,
-                           PyObject *data) {
+                           const char *text, Py_ssize_t length) {
     if (Py_TYPE(self->history) == &HistoryType) {
         PyObject *before = self->pending ? self->config : self->configs;
         if (history_push((History *)self->history, before, PyByteArray_GET_SIZE(self->output), self->lexer, advanced,
@@ -893,8 +930,8 @@ static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *follo
         }
         Py_DECREF(done);
     }
-    if (data != Py_None && PyBytes_GET_SIZE(data) > 0) {
-        Py_ssize_t before = PyByteArray_GET_SIZE(self->output), size = before + PyBytes_GET_SIZE(data);
+    if (length > 0) {
+        Py_ssize_t before = PyByteArray_GET_SIZE(self->output), size = before + length;
         /* Doubled where it must grow: PyByteArray_Resize grows by an eighth, a copy every few
          * tokens of a short output (19 over 100 tokens of 1-6 bytes, doubled 7). Resizing up to
          * 2 * size - 1 allocates that much, and down to size keeps it (a bytearray shrinks its
@@ -906,7 +943,7 @@ static int SchemaCore_step(SchemaCore *self, PyObject *advanced, PyObject *follo
         if (PyByteArray_Resize(self->output, size) < 0) {
             return -1;
         }
-        memcpy(PyByteArray_AS_STRING(self->output) + before, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
+        memcpy(PyByteArray_AS_STRING(self->output) + before, text, (size_t)length);
     }
     if (following != NULL) {
         if (self->pending) { /* `resolved`'s node is no longer its list's, and the list may come back */
@@ -996,7 +1033,7 @@ static void undo_string(PyObject *handle) {
  * (undone here where the step cannot be made). Steals `value_start` and `cache`. 1, or -1. */
 static int SchemaCore_step_to(SchemaCore *self, PyObject *config, PyObject *field, int64_t node,
                               PyObject *value_start, PyObject *cache, PyObject *advanced, PyObject *handle,
-                              long long lexer, PyObject *data) {
+                              long long lexer, PyObject *data) { /* (data: the token's bytes object) */
     PyObject *moved = value_start == NULL || cache == NULL
                           ? NULL
                           : config_like(config, field, PyLong_FromLongLong(node), value_start, cache);
@@ -1009,7 +1046,7 @@ static int SchemaCore_step_to(SchemaCore *self, PyObject *config, PyObject *fiel
         return -1;
     }
     PyList_SET_ITEM(configs, 0, moved);
-    int failed = SchemaCore_step(self, advanced, configs, lexer, data);
+    int failed = SchemaCore_step(self, advanced, configs, lexer, PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data));
     Py_DECREF(configs);
     if (failed) {
         undo_string(handle);
@@ -1132,7 +1169,7 @@ static int SchemaCore_cross(SchemaCore *self, PyObject *data, long long lexer) {
         return roll_back_one(self->handle) < 0 ? -1 : 2;
     }
     if (whole) {
-        if (SchemaCore_step(self, self->matcher, NULL, lexer, data) < 0) {
+        if (SchemaCore_step(self, self->matcher, NULL, lexer, bytes, PyBytes_GET_SIZE(data)) < 0) {
             undo_string(self->handle);
             return -1;
         }
@@ -1227,19 +1264,25 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
     if (token < 0 || token >= l->vocab_size) {
         Py_RETURN_FALSE;
     }
-    PyObject *data = token < l->n ? PyTuple_GET_ITEM(l->tokens, token) : Py_None;
+    const TokenStep *step = token < l->n ? &l->steps[token] : NULL;
+    int length = step == NULL ? TEXT_NONE : step->length;
     long long lexer = self->lexer;
-    if (data != Py_None) {
-        if (!PyBytes_CheckExact(data)) {
-            return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
-        }
-        lexer = ((const uint8_t *)l->after.buf)[self->lexer * l->n + token];
+    if (length == TEXT_OTHER) {
+        return defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames);
+    }
+    if (length != TEXT_NONE) {
+        lexer = step->after[self->lexer];
         if (lexer == LEX_STATES) {
             Py_RETURN_FALSE;
         }
     } else if (kind == RESOLVED_ENUM || !((const uint8_t *)l->eos.buf)[token]) {
         Py_RETURN_FALSE; /* no bytes: EOS ends the structure only, nothing else is a token */
     }
+    /* the token's bytes: the record's, or the tuple's where they do not fit (the steps across a
+     * value's boundary read the tuple's bytes object too) */
+    PyObject *data = length == TEXT_LONG ? PyTuple_GET_ITEM(l->tokens, token) : NULL;
+    const char *text = length <= TEXT_INLINE ? step->text : data != NULL ? PyBytes_AS_STRING(data) : "";
+    Py_ssize_t size = length <= TEXT_INLINE ? length : data != NULL ? PyBytes_GET_SIZE(data) : 0;
     if (kind == RESOLVED_ENUM) {
         /* one trie step inside the value; where a value may end here or next (exits, a leaf
          * or an accepting node), the reference follows every reading */
@@ -1252,7 +1295,7 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
             return PyErr_NoMemory();
         }
         if (leaves) { /* (a token that also goes on inside the value: several readings) */
-            int left = following < 0 ? SchemaCore_leave(self, token, data, lexer) : 2;
+            int left = following < 0 ? SchemaCore_leave(self, token, PyTuple_GET_ITEM(l->tokens, token), lexer) : 2;
             return left == 2 ? defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames)
                              : left < 0 ? NULL : PyBool_FromLong(left);
         }
@@ -1265,7 +1308,7 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
         if (!(flags[following] & (FIELD_LEAF | FIELD_ACCEPTING))) {
             /* still inside the value: the configurations are this one at the next node, made
              * as a list only where Python reads them (the field and the tables unchanged) */
-            if (SchemaCore_step(self, Py_None, NULL, lexer, data) < 0) {
+            if (SchemaCore_step(self, Py_None, NULL, lexer, text, size) < 0) {
                 return NULL;
             }
             self->pending = 1;
@@ -1284,7 +1327,7 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
             return NULL;
         }
         PyList_SET_ITEM(configs, 0, config);
-        int failed = SchemaCore_step(self, Py_None, configs, lexer, data);
+        int failed = SchemaCore_step(self, Py_None, configs, lexer, text, size);
         Py_DECREF(configs);
         if (failed) {
             return NULL;
@@ -1295,8 +1338,8 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
      * field can be entered from these configurations */
     /* (the fill's verdict first: it is the matcher's own field, where the table by token is a
      * read out of the caches, a step's, after a forward pass) */
-    if (self->filled != self->configs && data != Py_None && ((const uint8_t *)t->crossing.buf)[token]) {
-        int crossed = SchemaCore_cross(self, data, lexer);
+    if (self->filled != self->configs && length != TEXT_NONE && ((const uint8_t *)t->crossing.buf)[token]) {
+        int crossed = SchemaCore_cross(self, PyTuple_GET_ITEM(l->tokens, token), lexer);
         return crossed == 2 ? defer_to((PyObject *)self, str_accept_reference, args, nargs, kwnames)
                             : crossed < 0 ? NULL : PyBool_FromLong(crossed);
     }
@@ -1311,7 +1354,7 @@ static PyObject *SchemaCore_accept_token(SchemaCore *self, PyObject *const *args
         return ok < 0 ? NULL : (Py_INCREF(Py_False), Py_False);
     }
     /* xgrammar's matcher advanced in place: rollback undoes it with xgrammar's own rollback */
-    if (SchemaCore_step(self, self->matcher, NULL, lexer, data) < 0) {
+    if (SchemaCore_step(self, self->matcher, NULL, lexer, text, size) < 0) {
         return NULL;
     }
     Py_RETURN_TRUE;
