@@ -215,6 +215,12 @@ def test_batch_equals_rows(vocab: Vocabulary) -> None:
     in_order = np.zeros((len(matchers), width), dtype=np.int32)
     fill_next_token_bitmasks(matchers, in_order)
     assert np.array_equal(in_order, bitmask[rows])
+    # every row structural and its matcher's own (xgrammar is given no indices)
+    structural = [m for m in matchers if not m.in_enum_value]
+    own = np.full((len(structural) + 1, width), -1, dtype=np.int32)
+    fill_next_token_bitmasks(structural, own)
+    assert np.array_equal(own[:-1], bitmask[[r for m, r in zip(matchers, rows, strict=True) if not m.in_enum_value]])
+    assert (own[-1] == -1).all()
     # what the C checks do not take is checked in Python before anything is written
     other = Matcher(Compiler(byte_vocabulary([b"ab", b"cd" * 40])).compile_json_schema(EVERY_KIND))
     for bad, error in [

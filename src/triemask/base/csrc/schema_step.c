@@ -1751,16 +1751,22 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
     Py_SET_SIZE(handles, count); /* (the items past count were never set) */
     Py_SET_SIZE(indices, count);
     if (PyList_GET_SIZE(handles) > 0) {
-        PyObject *call[] = {args[3], handles, bitmask, indices, Py_False};
+        /* (every matcher's row i, in order: no indices for xgrammar to read) */
+        PyObject *rows_given = count == n && rows == Py_None ? Py_None : indices;
+        PyObject *call[] = {args[3], handles, bitmask, rows_given, Py_False};
         PyObject *filled = PyObject_VectorcallMethod(str_batch_fill, call, 5 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
         if (filled == NULL) {
             goto done;
         }
         Py_DECREF(filled);
     }
+    const StepTables *first = n > 0 && batched[0] ? (const StepTables *)((SchemaCore *)items[0])->tables : NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (i + 4 < n) {
+        if (i + 4 < n) { /* (the matcher, and the row's extra tokens' words, which xgrammar wrote long ago) */
             PREFETCH(items[i + 4]);
+            if (first != NULL) {
+                PREFETCH((int32_t *)h->data + targets[i + 4] * h->dimensions[1] + first->lex->pseudo_lo);
+            }
         }
         if (batched[i]) {
             int32_t *out = (int32_t *)h->data + targets[i] * h->dimensions[1];
