@@ -1720,7 +1720,7 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
     }
     /* every check first (a deferred call writes nothing), the structural rows' handles with
      * them: one pass over the matchers, each read once before xgrammar's batch and once after */
-    Py_ssize_t count = 0;
+    Py_ssize_t count = 0, pseudo_word = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + 4 < n) {
             PREFETCH(items[i + 4]);
@@ -1738,6 +1738,7 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
         if (SchemaCore_resolve(m) != RESOLVED_STRUCT || !((const StepTables *)m->tables)->lex->inline_pseudo) {
             continue; /* (inside a value, or xgrammar's rows wider: its own fill below, in C where it can) */
         }
+        pseudo_word = ((const StepTables *)m->tables)->lex->pseudo_lo; /* (inside the row: inline) */
         PyObject *index = PyLong_FromLongLong(row);
         if (index == NULL) {
             goto done;
@@ -1760,12 +1761,11 @@ static PyObject *fill_schema_rows(PyObject *module, PyObject *const *args, Py_ss
         }
         Py_DECREF(filled);
     }
-    const StepTables *first = n > 0 && batched[0] ? (const StepTables *)((SchemaCore *)items[0])->tables : NULL;
     for (Py_ssize_t i = 0; i < n; i++) {
         if (i + 4 < n) { /* (the matcher, and the row's extra tokens' words, which xgrammar wrote long ago) */
             PREFETCH(items[i + 4]);
-            if (first != NULL) {
-                PREFETCH((int32_t *)h->data + targets[i + 4] * h->dimensions[1] + first->lex->pseudo_lo);
+            if (batched[i + 4]) {
+                PREFETCH((int32_t *)h->data + targets[i + 4] * h->dimensions[1] + pseudo_word);
             }
         }
         if (batched[i]) {
