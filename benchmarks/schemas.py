@@ -316,14 +316,40 @@ def batch_fill(
             for token in tokens[:cut]:
                 xm.accept_token(token)
             theirs.append(xm)
-    # the two interleaved, so that a slower spell of the machine hits both
+    # single calls, as a server's steps: many, for steady medians, each after a pass over 8 MB
+    # (as a server's forward pass between two steps: neither runs on caches its own previous
+    # call or the other's left, which moved the ratio by up to 7% from one process to the
+    # next); with xgrammar's, in pairs (a slower spell of the machine hits both), each pair's
+    # order the other's reverse, at least 31 pairs, more within 1 s; the ratio is the median
+    # of the pairs' ratios
     batcher = peers.xgr.BatchGrammarMatcher()
-    times: dict[str, list[float]] = {"triemask_us": [], "xgrammar_us": []}
-    for _ in range(max(repeats, 31)):  # (single calls, as a server's steps: many, for a steady median)
-        times["triemask_us"].append(median_time(lambda: fill_next_token_bitmasks(ours, bitmask), 1))
-        if theirs:
-            times["xgrammar_us"].append(median_time(lambda: batcher.batch_fill_next_token_bitmask(theirs, bitmask), 1))
-    return {name: statistics.median(measured) * 1e6 for name, measured in times.items() if measured}
+    between_steps = np.zeros(1 << 20, dtype=np.int64)
+
+    def ours_fill() -> float:
+        np.add(between_steps, 1, out=between_steps)
+        return median_time(lambda: fill_next_token_bitmasks(ours, bitmask), 1)
+
+    def xgrammar_fill() -> float:
+        np.add(between_steps, 1, out=between_steps)
+        return median_time(lambda: batcher.batch_fill_next_token_bitmask(theirs, bitmask), 1)
+
+    if not theirs:
+        return {"triemask_us": statistics.median(ours_fill() for _ in range(max(repeats, 31))) * 1e6}
+    pairs: list[tuple[float, float]] = []
+    started = time.perf_counter()
+    while len(pairs) < max(repeats, 31) or (len(pairs) < 501 and time.perf_counter() - started < 1.0):
+        if len(pairs) % 2 == 0:
+            ours_first = ours_fill()
+            pairs.append((ours_first, xgrammar_fill()))
+        else:
+            xgrammar_first = xgrammar_fill()
+            pairs.append((ours_fill(), xgrammar_first))
+    return {
+        "triemask_us": statistics.median(o for o, _ in pairs) * 1e6,
+        "xgrammar_us": statistics.median(t for _, t in pairs) * 1e6,
+        "pairs": len(pairs),
+        "ratio": statistics.median(t / o for o, t in pairs),
+    }
 
 
 def mismatches(
@@ -606,13 +632,30 @@ def peer_row(
         lambda: compiler.compile_json_schema(schema, **OPTIONS), options.repeats
     )
     xgr_compiled = peers.xgrammar(schema)
-    # the two first compiles interleaved, so that a slower spell of the machine hits both; 15
-    # each (a compile of 15-40 ms moves by up to 10% from one to the next on 2 cores)
-    ours, theirs = [], []
-    for _ in range(max(options.repeats, 15)):
-        ours.append(median_time(lambda: (clear_structure_cache(), compiler.compile_json_schema(schema, **OPTIONS)), 1))
-        theirs.append(median_time(lambda: peers.xgrammar(schema), 1))
-    row["triemask_compile_s"], row["xgrammar_compile_s"] = statistics.median(ours), statistics.median(theirs)
+
+    # the two first compiles in pairs, so that a slower spell of the machine hits both (a compile
+    # of 15-40 ms moves by up to 10% from one to the next on 2 cores), each pair's order the
+    # other's reverse (the second runs on caches the first evicted); at least 15 pairs, more
+    # within 4 s; the ratio is the median of the pairs' ratios
+    def ours_compile() -> float:
+        return median_time(lambda: (clear_structure_cache(), compiler.compile_json_schema(schema, **OPTIONS)), 1)
+
+    def xgrammar_compile() -> float:
+        return median_time(lambda: peers.xgrammar(schema), 1)
+
+    pairs: list[tuple[float, float]] = []
+    started = time.perf_counter()
+    while len(pairs) < max(options.repeats, 15) or (len(pairs) < 101 and time.perf_counter() - started < 4.0):
+        if len(pairs) % 2 == 0:
+            ours_first = ours_compile()
+            pairs.append((ours_first, xgrammar_compile()))
+        else:
+            xgrammar_first = xgrammar_compile()
+            pairs.append((ours_compile(), xgrammar_first))
+    row["triemask_compile_s"] = statistics.median(ours for ours, _ in pairs)
+    row["xgrammar_compile_s"] = statistics.median(theirs for _, theirs in pairs)
+    row["compile_pairs"] = len(pairs)
+    row["compile_ratio"] = statistics.median(theirs / ours for ours, theirs in pairs)
     walks = walk_tokens(loaded, [json.loads(json.dumps(m)) for m in made])
     log(f"{name}: per step")
     row["per_step"] = per_step(compiled, xgr_compiled, None, peers, loaded.vocab, walks, options.step_repeats)
@@ -684,10 +727,11 @@ def peer_ratios(results: dict[str, Any]) -> dict[str, float]:
     found: dict[str, float] = {}
     for r in results["rows"]:
         steps = [by for by in r["per_step"].values() if by]
-        found[f"{r['name']}: compile"] = r["xgrammar_compile_s"] / r["triemask_compile_s"]
+        found[f"{r['name']}: compile"] = r.get("compile_ratio", r["xgrammar_compile_s"] / r["triemask_compile_s"])
         found[f"{r['name']}: per step"] = min(by["xgrammar"]["median_us"] / by["triemask"]["median_us"] for by in steps)
         if "xgrammar_us" in r["batch_64"]:
-            found[f"{r['name']}: batch 64"] = r["batch_64"]["xgrammar_us"] / r["batch_64"]["triemask_us"]
+            batch = r["batch_64"]
+            found[f"{r['name']}: batch 64"] = batch.get("ratio", batch["xgrammar_us"] / batch["triemask_us"])
         if r.get("inside_alone_us"):  # (the bare set's step / the step inside the enum: at least 0.5)
             found[f"{r['name']}: bare set / inside"] = r["bare_set_per_step_us"] / r["inside_alone_us"]
     return found
@@ -699,7 +743,10 @@ def peer_markdown(results: dict[str, Any]) -> str:
         "",
         f"Vocabulary {results['vocabulary']}, compact JSON. Compile: a new structure (triemask's "
         "structure cache cleared, xgrammar's cache off), in brackets a schema whose structure was "
-        "compiled before. Per step: fill one row + accept, median over the walks' steps (in brackets "
+        "compiled before; the ratio is the median of the ratios of 15 or more pairs of compiles, "
+        "each pair in the order opposite to the one before (the batch of 64 likewise, 31 or more "
+        "pairs of calls, each after a pass over 8 MB as a forward pass between two steps). Per step: "
+        "fill one row + accept, median over the walks' steps (in brackets "
         "the mean: the step that leaves a union's discriminator compiles the chosen branch the first "
         "time, and feeds it the output so far each time). Ratios: "
         "xgrammar's time / triemask's (above 1: triemask faster; per step: the worse of inside and "

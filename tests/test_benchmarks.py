@@ -180,6 +180,14 @@ def test_bench_check_flags_a_fallen_ratio(tmp_path) -> None:  # type: ignore[no-
         "labels: per step": 1.0,  # the worse of inside and outside
         "labels: batch 64": 1.0,
     }
+    # a run with pairs: the median of the pairs' ratios, not the ratio of the medians
+    paired = {**table["rows"][0], "compile_ratio": 9.0, "batch_64": {"triemask_us": 100.0, "xgrammar_us": 100.0}}
+    paired["batch_64"]["ratio"] = 1.02
+    assert check.schemas.peer_ratios({"rows": [paired]}) == {
+        "labels: compile": 9.0,
+        "labels: per step": 1.0,
+        "labels: batch 64": 1.02,
+    }
     pattern = {"format": "uuid", "xgrammar_s": 1e-3, "llguidance_s": 6e-4, "triemask_cold_s": 3e-4}
     patterns = {"rows": [{**pattern, "vocabulary": "qwen2.5", "triemask_lazy_s": 1e-4}]}
     assert check.formats.peer_ratios(patterns) == {

@@ -317,7 +317,7 @@ class CompiledSchema(SchemaEngine):
             plain_exits,
             controls,
             self._starts_first,
-            entry_tables(self._fields, self._fields_by_prefix, self._support.prefixes) if in_c else None,
+            entry_tables(self._fields, self._fields_by_prefix, self._support.prefixes) if in_c and fields else None,
         )
 
     # ------------------------------------------------------------------ public
