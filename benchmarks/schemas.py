@@ -21,6 +21,7 @@ xgrammar compiles of large schemas run in a child process under a timeout.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import statistics
@@ -147,6 +148,7 @@ class Peers:
             encoded, xgrammar.VocabType.RAW, vocab_size=vocab.vocab_size, stop_token_ids=list(vocab.eos_token_ids)
         )
         self.xgr_compiler = xgrammar.GrammarCompiler(info, cache_enabled=False)
+        self.xgr_cached = xgrammar.GrammarCompiler(info)  # (its defaults: its caches on, unbounded)
         self.ll_tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteTokenizer(vocab)))
         self.executor = llguidance.LLExecutor()
 
@@ -173,6 +175,24 @@ def median_time(fn: Callable[[], object], repeats: int, budget: float = 20.0) ->
         if time.perf_counter() - started > budget:
             break
     return statistics.median(times)
+
+
+def paired(
+    ours: Callable[[], float], theirs: Callable[[], float], minimum: int, budget: float, most: int
+) -> list[tuple[float, float]]:
+    """(ours, theirs) times, in pairs so that a slower spell of the machine hits both, each
+    pair's order the reverse of the one before (the second runs on caches the first evicted):
+    at least ``minimum`` pairs, more within ``budget`` seconds, at most ``most``."""
+    pairs: list[tuple[float, float]] = []
+    started = time.perf_counter()
+    while len(pairs) < minimum or (len(pairs) < most and time.perf_counter() - started < budget):
+        if len(pairs) % 2 == 0:
+            ours_first = ours()
+            pairs.append((ours_first, theirs()))
+        else:
+            theirs_first = theirs()
+            pairs.append((ours(), theirs_first))
+    return pairs
 
 
 def xgrammar_in_child(schema: dict[str, Any], timeout: float, out: Path) -> float | str:
@@ -335,15 +355,7 @@ def batch_fill(
 
     if not theirs:
         return {"triemask_us": statistics.median(ours_fill() for _ in range(max(repeats, 31))) * 1e6}
-    pairs: list[tuple[float, float]] = []
-    started = time.perf_counter()
-    while len(pairs) < max(repeats, 31) or (len(pairs) < 501 and time.perf_counter() - started < 1.0):
-        if len(pairs) % 2 == 0:
-            ours_first = ours_fill()
-            pairs.append((ours_first, xgrammar_fill()))
-        else:
-            xgrammar_first = xgrammar_fill()
-            pairs.append((ours_fill(), xgrammar_first))
+    pairs = paired(ours_fill, xgrammar_fill, max(repeats, 31), 1.0, 501)
     return {
         "triemask_us": statistics.median(o for o, _ in pairs) * 1e6,
         "xgrammar_us": statistics.median(t for _, t in pairs) * 1e6,
@@ -643,19 +655,30 @@ def peer_row(
     def xgrammar_compile() -> float:
         return median_time(lambda: peers.xgrammar(schema), 1)
 
-    pairs: list[tuple[float, float]] = []
-    started = time.perf_counter()
-    while len(pairs) < max(options.repeats, 15) or (len(pairs) < 101 and time.perf_counter() - started < 4.0):
-        if len(pairs) % 2 == 0:
-            ours_first = ours_compile()
-            pairs.append((ours_first, xgrammar_compile()))
-        else:
-            xgrammar_first = xgrammar_compile()
-            pairs.append((ours_compile(), xgrammar_first))
+    pairs = paired(ours_compile, xgrammar_compile, max(options.repeats, 15), 4.0, 101)
     row["triemask_compile_s"] = statistics.median(ours for ours, _ in pairs)
     row["xgrammar_compile_s"] = statistics.median(theirs for _, theirs in pairs)
     row["compile_pairs"] = len(pairs)
     row["compile_ratio"] = statistics.median(theirs / ours for ours, theirs in pairs)
+    # a new schema in a process that compiled others before: each pair compiles a variant neither
+    # compiled before (another root description, which no grammar reads), each engine with its
+    # caches (xgrammar's default GrammarCompiler keeps its rules' masks, as vLLM runs it)
+    ours_variants, theirs_variants = itertools.count(), itertools.count()
+
+    def ours_new_schema() -> float:
+        variant = {**schema, "description": f"variant {next(ours_variants)}"}
+        return median_time(lambda: compiler.compile_json_schema(variant, **OPTIONS), 1)
+
+    def xgrammar_new_schema() -> float:
+        text = json.dumps({**schema, "description": f"variant {next(theirs_variants)}"})
+        return median_time(lambda: peers.xgr_cached.compile_json_schema(text, **OPTIONS), 1)
+
+    if row["xgrammar_compile_s"] < 1.0:  # (5 pairs where xgrammar takes over 0.2 s: 3,000 labels)
+        warm = paired(ours_new_schema, xgrammar_new_schema, 15 if row["xgrammar_compile_s"] < 0.2 else 5, 4.0, 101)
+        peers.xgr_cached.clear_cache()  # (its caches have no bound: emptied after each row)
+        row["triemask_new_schema_warm_s"] = statistics.median(ours for ours, _ in warm)
+        row["xgrammar_new_schema_warm_s"] = statistics.median(theirs for _, theirs in warm)
+        row["new_schema_warm_ratio"] = statistics.median(theirs / ours for ours, theirs in warm)
     walks = walk_tokens(loaded, [json.loads(json.dumps(m)) for m in made])
     log(f"{name}: per step")
     row["per_step"] = per_step(compiled, xgr_compiled, None, peers, loaded.vocab, walks, options.step_repeats)
@@ -728,6 +751,8 @@ def peer_ratios(results: dict[str, Any]) -> dict[str, float]:
     for r in results["rows"]:
         steps = [by for by in r["per_step"].values() if by]
         found[f"{r['name']}: compile"] = r.get("compile_ratio", r["xgrammar_compile_s"] / r["triemask_compile_s"])
+        if "new_schema_warm_ratio" in r:
+            found[f"{r['name']}: new schema, warm"] = r["new_schema_warm_ratio"]
         found[f"{r['name']}: per step"] = min(by["xgrammar"]["median_us"] / by["triemask"]["median_us"] for by in steps)
         if "xgrammar_us" in r["batch_64"]:
             batch = r["batch_64"]
@@ -744,8 +769,11 @@ def peer_markdown(results: dict[str, Any]) -> str:
         f"Vocabulary {results['vocabulary']}, compact JSON. Compile: a new structure (triemask's "
         "structure cache cleared, xgrammar's cache off), in brackets a schema whose structure was "
         "compiled before; the ratio is the median of the ratios of 15 or more pairs of compiles, "
-        "each pair in the order opposite to the one before (the batch of 64 likewise, 31 or more "
-        "pairs of calls, each after a pass over 8 MB as a forward pass between two steps). Per step: "
+        "each pair in the order opposite to the one before, each engine's caches cleared (as in a "
+        "new process). New schema, warm: in a process that compiled others, a variant of the schema "
+        "neither compiled before (another root description), each engine with its caches (xgrammar's "
+        "default compiler keeps its rules' masks), in pairs likewise. Batch of 64: 31 or more pairs "
+        "of calls likewise, each after a pass over 8 MB as a forward pass between two steps. Per step: "
         "fill one row + accept, median over the walks' steps (in brackets "
         "the mean: the step that leaves a union's discriminator compiles the chosen branch the first "
         "time, and feeds it the output so far each time). Ratios: "
@@ -755,9 +783,10 @@ def peer_markdown(results: dict[str, Any]) -> str:
         "xgrammar's walk, whose work evicts triemask's tables between steps).",
         "",
         "| schema | trie fields | compile triemask (known) / xgrammar | ratio "
+        "| new schema, warm: triemask / xgrammar | ratio "
         "| per step (us) triemask / xgrammar | ratio | inside an enum / bare set (us) "
         "| batch 64 (us) triemask / xgrammar | ratio |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = peer_ratios(results)
     for r in results["rows"]:
@@ -771,10 +800,16 @@ def peer_markdown(results: dict[str, Any]) -> str:
         batch = r["batch_64"]
         bare, alone = r.get("bare_set_per_step_us"), r.get("inside_alone_us")
         yardstick = f"{alone:.2f} / {bare:.2f} ({alone / bare:.1f}x)" if bare and alone else "-"
+        warm = (
+            f"{r['triemask_new_schema_warm_s'] * 1e3:.1f} / {r['xgrammar_new_schema_warm_s'] * 1e3:.1f} ms "
+            f"| {r['new_schema_warm_ratio']:.2f}x"
+            if "new_schema_warm_ratio" in r
+            else "- | -"
+        )
         lines.append(
             f"| {name} | {r['trie_fields']} | {r['triemask_compile_s'] * 1e3:.1f} "
             f"({r['triemask_known_structure_compile_s'] * 1e3:.1f}) / {r['xgrammar_compile_s'] * 1e3:.1f} ms "
-            f"| {ratios[f'{name}: compile']:.2f}x | {step} | {ratios[f'{name}: per step']:.2f}x | {yardstick} "
+            f"| {ratios[f'{name}: compile']:.2f}x | {warm} | {step} | {ratios[f'{name}: per step']:.2f}x | {yardstick} "
             + (
                 f"| {batch['triemask_us']:.0f} / {batch['xgrammar_us']:.0f} | {ratios[f'{name}: batch 64']:.2f}x |"
                 if "xgrammar_us" in batch

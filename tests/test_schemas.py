@@ -43,8 +43,8 @@ from triemask import (
     fill_next_token_bitmasks,
 )
 from triemask.datasets import load_tool_registry, tool_specs
-from triemask.schemas import dispatch
-from triemask.schemas.support import compile_threads
+from triemask.schemas import clear_structure_cache, dispatch
+from triemask.schemas.support import compile_threads, vocabulary_support
 
 xgr = pytest.importorskip("xgrammar")
 
@@ -513,14 +513,14 @@ def test_stats_and_sharing(byte_compiler: Compiler) -> None:
     assert compiled.schema == SCHEMAS["$ref"]
 
 
-def test_xgrammar_compiles_on_no_more_threads_than_cpus(monkeypatch: pytest.MonkeyPatch) -> None:
-    """xgrammar's default (8) where the process may use that many CPUs, else one per CPU."""
-    for cpus, threads in [(range(64), 8), (range(2), 2), (range(1), 1)]:
+def test_xgrammar_compiles_on_no_more_than_two_threads_per_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """xgrammar's default (8) where the process may use four CPUs or more, else two per CPU."""
+    for cpus, threads in [(range(64), 8), (range(4), 8), (range(3), 6), (range(2), 4), (range(1), 2)]:
         monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cpus=cpus: set(cpus), raising=False)
         assert compile_threads() == threads
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # (macOS, Windows)
     monkeypatch.setattr(os, "cpu_count", lambda: None)
-    assert compile_threads() == 1
+    assert compile_threads() == 2
 
 
 def test_pydantic_models(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
@@ -790,6 +790,29 @@ def test_a_schema_text_never_poses_as_another_skeleton(byte_vocab: Vocabulary, b
         matcher = Matcher(compiled)
         text = json.dumps({"x": stand_in, "y": NAMES[0]}).encode()
         assert matcher.accept_tokens(list(text)) == len(text) and matcher.value == {"x": stand_in, "y": NAMES[0]}
+
+
+def test_schemas_without_trie_fields_reuse_xgrammar_rule_masks(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
+    """A schema without trie fields compiles through xgrammar's caches (the masks of the rules
+    the schemas before it compiled): every schema of the suite in turn, both spacings, gets the
+    grammar an uncached compile of its text gives, byte for byte; clear_structure_cache empties
+    those caches."""
+    support = vocabulary_support(byte_vocab)
+    uncached = xgr.GrammarCompiler(support.info, cache_enabled=False)
+    checked = 0
+    for schema in (*SCHEMAS.values(), *UNIONS.values(), UNENFORCED_SCHEMA):
+        for any_whitespace in (False, True):
+            options = {"min_enum_values": 10_000, "min_union_branches": 10_000, "unsupported": "ignore"}
+            compiled = byte_compiler.compile_json_schema(schema, any_whitespace=any_whitespace, **options)
+            if compiled.stats()["trie_fields"]:
+                continue  # (a pattern or a format: a trie field at any size)
+            expected = uncached.compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+            assert compiled._grammar.serialize_json() == expected.serialize_json()
+            checked += 1
+    assert checked >= 20
+    assert support.schema_compiler.get_cache_size_bytes() > 0
+    clear_structure_cache()
+    assert support.schema_compiler.get_cache_size_bytes() == 0
 
 
 # Keywords xgrammar accepts but does not enforce, at several depths, in an order no set keeps.

@@ -149,7 +149,7 @@ class CompiledSchema(SchemaEngine):
         if cached is None and not sites:
             # no trie field: the structure is all, compiled exactly as xgrammar compiles it
             try:
-                grammar = support.grammar_compiler.compile_json_schema(text, **options.structure())
+                grammar = support.schema_compiler.compile_json_schema(text, **options.structure())
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
             cached = support.keep_skeleton(
