@@ -800,7 +800,17 @@ def test_schemas_without_trie_fields_reuse_xgrammar_rule_masks(byte_vocab: Vocab
     support = vocabulary_support(byte_vocab)
     uncached = xgr.GrammarCompiler(support.info, cache_enabled=False)
     checked = 0
-    for schema in (*SCHEMAS.values(), *UNIONS.values(), UNENFORCED_SCHEMA):
+    # (and the characters xgrammar's cache misreads in a parsed grammar's printed text: U+00FF,
+    # other Latin-1, a control, an escape, beyond the BMP)
+    latin = {
+        "type": "object",
+        "properties": {
+            "k": {"enum": ["\u00ff", "\u00e9t\u00e9", "\u0080", "a\u0001b", '\\"', "\U0001f600"]},
+            "c": {"const": "\u00ff\u00fe"},
+        },
+        "required": ["k", "c"],
+    }
+    for schema in (*SCHEMAS.values(), *UNIONS.values(), UNENFORCED_SCHEMA, latin):
         for any_whitespace in (False, True):
             options = {"min_enum_values": 10_000, "min_union_branches": 10_000, "unsupported": "ignore"}
             compiled = byte_compiler.compile_json_schema(schema, any_whitespace=any_whitespace, **options)
@@ -809,7 +819,11 @@ def test_schemas_without_trie_fields_reuse_xgrammar_rule_masks(byte_vocab: Vocab
             expected = uncached.compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
             assert compiled._grammar.serialize_json() == expected.serialize_json()
             checked += 1
-    assert checked >= 20
+    assert checked >= 22
+    matcher = Matcher(byte_compiler.compile_json_schema(latin, any_whitespace=False, min_enum_values=10_000))
+    instance = {"k": "\u00ff", "c": "\u00ff\u00fe"}
+    text = json.dumps(instance, ensure_ascii=False, separators=(", ", ": ")).encode()
+    assert matcher.accept_tokens(list(text)) == len(text) and matcher.value == instance
     assert support.schema_compiler.get_cache_size_bytes() > 0
     clear_structure_cache()
     assert support.schema_compiler.get_cache_size_bytes() == 0
