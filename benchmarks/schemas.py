@@ -622,6 +622,19 @@ def vllm_required_instances(specs: list[dict[str, Any]], n: int, seed: int) -> l
     return [[{"name": c["name"], "parameters": c["arguments"]}] for c in tool_instances(specs, n, seed)]
 
 
+def structural_variant(schema: dict[str, Any], i: int) -> dict[str, Any]:
+    """``schema`` with its grammar changed at the root (a root array's bound, a root object's
+    optional property): a new structure, whose other rules are those compiled before."""
+    if schema.get("type") == "array":
+        return {**schema, "maxItems": 100 + i}
+    return {**schema, "properties": {**schema["properties"], f"variant_{i}": {"type": "integer"}}}
+
+
+def description_variant(schema: dict[str, Any], i: int) -> dict[str, Any]:
+    """``schema`` with another root description: the same structure, another text."""
+    return {**schema, "description": f"variant {i}"}
+
+
 def peer_row(
     name: str,
     schema: dict[str, Any],
@@ -662,25 +675,31 @@ def peer_row(
     row["xgrammar_compile_s"] = statistics.median(theirs for _, theirs in pairs)
     row["compile_pairs"] = len(pairs)
     row["compile_ratio"] = statistics.median(theirs / ours for ours, theirs in pairs)
-    # a new schema in a process that compiled others before: each pair compiles a variant neither
-    # compiled before (another root description, which no grammar reads), each engine with its
-    # caches (xgrammar's default GrammarCompiler keeps its rules' masks, as vLLM runs it)
-    ours_variants, theirs_variants = itertools.count(), itertools.count()
 
-    def ours_new_schema() -> float:
-        variant = {**schema, "description": f"variant {next(ours_variants)}"}
-        return median_time(lambda: compiler.compile_json_schema(variant, **OPTIONS), 1)
+    # a new schema in a process that compiled others before, each engine with its caches
+    # (xgrammar's default GrammarCompiler keeps its rules' masks, as vLLM runs it): each pair
+    # compiles a variant neither compiled before, of a new structure (structural_variant) and
+    # of a new root description (which no grammar reads: triemask's skeleton cache takes it)
+    def new_schemas_warm(variant: Callable[[dict[str, Any], int], dict[str, Any]]) -> list[tuple[float, float]]:
+        ours_made, theirs_made = itertools.count(), itertools.count()
 
-    def xgrammar_new_schema() -> float:  # (its text made inside the time, as peers.xgrammar's)
-        variant = {**schema, "description": f"variant {next(theirs_variants)}"}
-        return median_time(lambda: peers.xgr_cached.compile_json_schema(json.dumps(variant), **OPTIONS), 1)
+        def ours() -> float:
+            changed = variant(schema, next(ours_made))
+            return median_time(lambda: compiler.compile_json_schema(changed, **OPTIONS), 1)
+
+        def theirs() -> float:  # (its text made inside the time, as peers.xgrammar's)
+            changed = variant(schema, next(theirs_made))
+            return median_time(lambda: peers.xgr_cached.compile_json_schema(json.dumps(changed), **OPTIONS), 1)
+
+        return paired(ours, theirs, 15 if row["xgrammar_compile_s"] < 0.2 else 5, 4.0, 101)
 
     if row["xgrammar_compile_s"] < 1.0:  # (xgrammar's first compile under 1 s; 5 pairs above 0.2 s)
-        warm = paired(ours_new_schema, xgrammar_new_schema, 15 if row["xgrammar_compile_s"] < 0.2 else 5, 4.0, 101)
+        for kind, variant in (("structure", structural_variant), ("description", description_variant)):
+            warm = new_schemas_warm(variant)
+            row[f"triemask_new_{kind}_warm_s"] = statistics.median(ours for ours, _ in warm)
+            row[f"xgrammar_new_{kind}_warm_s"] = statistics.median(theirs for _, theirs in warm)
+            row[f"new_{kind}_warm_ratio"] = statistics.median(theirs / ours for ours, theirs in warm)
         peers.xgr_cached.clear_cache()  # (its caches have no bound: emptied after each row)
-        row["triemask_new_schema_warm_s"] = statistics.median(ours for ours, _ in warm)
-        row["xgrammar_new_schema_warm_s"] = statistics.median(theirs for _, theirs in warm)
-        row["new_schema_warm_ratio"] = statistics.median(theirs / ours for ours, theirs in warm)
     walks = walk_tokens(loaded, [json.loads(json.dumps(m)) for m in made])
     log(f"{name}: per step")
     row["per_step"] = per_step(compiled, xgr_compiled, None, peers, loaded.vocab, walks, options.step_repeats)
@@ -753,8 +772,9 @@ def peer_ratios(results: dict[str, Any]) -> dict[str, float]:
     for r in results["rows"]:
         steps = [by for by in r["per_step"].values() if by]
         found[f"{r['name']}: compile"] = r.get("compile_ratio", r["xgrammar_compile_s"] / r["triemask_compile_s"])
-        if "new_schema_warm_ratio" in r:
-            found[f"{r['name']}: new schema, warm"] = r["new_schema_warm_ratio"]
+        for kind in ("structure", "description"):
+            if f"new_{kind}_warm_ratio" in r:
+                found[f"{r['name']}: new {kind}, warm"] = r[f"new_{kind}_warm_ratio"]
         found[f"{r['name']}: per step"] = min(by["xgrammar"]["median_us"] / by["triemask"]["median_us"] for by in steps)
         if "xgrammar_us" in r["batch_64"]:
             batch = r["batch_64"]
@@ -772,9 +792,11 @@ def peer_markdown(results: dict[str, Any]) -> str:
         "caches emptied before each compile (as in a new process; xgrammar through its default "
         "compiler, caches on, as vLLM and SGLang run it), in brackets a schema whose structure was "
         "compiled before; the ratio is the median of the ratios of 15 or more pairs of compiles, "
-        "each pair in the order opposite to the one before. New schema, warm: in a process that "
-        "compiled others, a variant of the schema neither compiled before (another root "
-        "description), each engine with its caches, in pairs likewise. Batch of 64: 31 or more pairs "
+        "each pair in the order opposite to the one before. New structure, warm: in a process that "
+        "compiled others, a variant of the schema neither compiled before, its grammar changed at "
+        "the root (a root array's maxItems, a root object's optional property), each engine with its "
+        "caches, in pairs likewise; new description, warm: likewise, a variant with another root "
+        "description (the same structure, another text). Batch of 64: 31 or more pairs "
         "of calls likewise, each after a pass over 8 MB as a forward pass between two steps. Per step: "
         "fill one row + accept, median over the walks' steps (in brackets "
         "the mean: the step that leaves a union's discriminator compiles the chosen branch the first "
@@ -785,10 +807,10 @@ def peer_markdown(results: dict[str, Any]) -> str:
         "xgrammar's walk, whose work evicts triemask's tables between steps).",
         "",
         "| schema | trie fields | compile triemask (known) / xgrammar | ratio "
-        "| new schema, warm: triemask / xgrammar | ratio "
+        "| new structure, warm: triemask / xgrammar | ratio | new description, warm | ratio "
         "| per step (us) triemask / xgrammar | ratio | inside an enum / bare set (us) "
         "| batch 64 (us) triemask / xgrammar | ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     ratios = peer_ratios(results)
     for r in results["rows"]:
@@ -802,11 +824,12 @@ def peer_markdown(results: dict[str, Any]) -> str:
         batch = r["batch_64"]
         bare, alone = r.get("bare_set_per_step_us"), r.get("inside_alone_us")
         yardstick = f"{alone:.2f} / {bare:.2f} ({alone / bare:.1f}x)" if bare and alone else "-"
-        warm = (
-            f"{r['triemask_new_schema_warm_s'] * 1e3:.1f} / {r['xgrammar_new_schema_warm_s'] * 1e3:.1f} ms "
-            f"| {r['new_schema_warm_ratio']:.2f}x"
-            if "new_schema_warm_ratio" in r
+        warm = " | ".join(
+            f"{r[f'triemask_new_{kind}_warm_s'] * 1e3:.1f} / {r[f'xgrammar_new_{kind}_warm_s'] * 1e3:.1f} ms "
+            f"| {r[f'new_{kind}_warm_ratio']:.2f}x"
+            if f"new_{kind}_warm_ratio" in r
             else "- | -"
+            for kind in ("structure", "description")
         )
         lines.append(
             f"| {name} | {r['trie_fields']} | {r['triemask_compile_s'] * 1e3:.1f} "

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from benchmarks import jump_forward, report, serving_tools
+from benchmarks import jump_forward, report, schemas, serving_tools
 from benchmarks.measure import (
     batch_step_seconds,
     compile_sweep,
@@ -183,8 +183,11 @@ def test_bench_check_flags_a_fallen_ratio(tmp_path) -> None:  # type: ignore[no-
     # a run with pairs: the median of the pairs' ratios, not the ratio of the medians
     paired = {**table["rows"][0], "compile_ratio": 9.0, "batch_64": {"triemask_us": 100.0, "xgrammar_us": 100.0}}
     paired["batch_64"]["ratio"] = 1.02
+    paired |= {"new_structure_warm_ratio": 0.98, "new_description_warm_ratio": 30.0}
     assert check.schemas.peer_ratios({"rows": [paired]}) == {
         "labels: compile": 9.0,
+        "labels: new structure, warm": 0.98,
+        "labels: new description, warm": 30.0,
         "labels: per step": 1.0,
         "labels: batch 64": 1.02,
     }
@@ -211,6 +214,21 @@ def test_bench_check_flags_a_fallen_ratio(tmp_path) -> None:  # type: ignore[no-
     same_schemas = ["--schemas-baseline", str(schemas_run), "--schemas-results", str(schemas_run)]
     with_slower = [*same_schemas, "--formats-baseline", str(formats_run), "--formats-results", str(slower_formats)]
     assert check.main(["--baseline", str(baseline), "--results", str(baseline), *with_slower]) == 1
+
+
+def test_warm_variants_change_the_grammar_or_only_the_text() -> None:
+    """The schemas benchmark's warm columns: each structural variant is a grammar not seen
+    before, each description variant the same grammar as the schema's."""
+    xgrammar = pytest.importorskip("xgrammar")
+
+    def grammar(schema: dict[str, object]) -> str:
+        return str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+
+    tools = schemas.vllm_required_schema(schemas.tool_specs(schemas.load_tool_registry())[:3])
+    for schema in (tools, schemas.FUNCTION_ARGUMENTS, schemas.labels_schema(synthetic_products(5))):
+        seen = {grammar(schema), *(grammar(schemas.structural_variant(schema, i)) for i in range(3))}
+        assert len(seen) == 4
+        assert grammar(schemas.description_variant(schema, 7)) == grammar(schema)
 
 
 def test_serving_tools_report_is_the_committed_results_table() -> None:

@@ -496,6 +496,54 @@ def test_json_copy_in_c_is_the_json_round_trip(node: dict[str, Any]) -> None:
     assert reading_module.load_schema(node) == copied
 
 
+# keys: annotations, keywords holding subschemas (one, a list, a map of them) and others, so
+# that every kind of place holds every kind of key
+_SCHEMA_KEYS = st.sampled_from(["title", "$comment", "default", "items", "not", "anyOf", "properties", "enum", "x"])
+_SCHEMAS = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=2),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_SCHEMA_KEYS, inner, max_size=4),
+    max_leaves=40,
+)
+
+
+@native_only
+@settings(max_examples=400, deadline=None)
+@given(node=st.dictionaries(_SCHEMA_KEYS, _SCHEMAS, max_size=5))
+def test_schema_without_annotations_in_c_equals_the_reference(node: dict[str, Any]) -> None:
+    """The C walk removes what the reference removes, and shares every container it leaves
+    as it was (the reference copies them all)."""
+    native = kernels.KERNELS
+    assert native is not None
+    before = json.dumps(node)
+    keywords = (reading_module._ONE_KEYWORDS, reading_module._LIST_KEYWORDS, reading_module._MAP_KEYWORDS)
+    found = native.schema_without(node, reading_module._ANNOTATIONS, *keywords)
+    expected = reading_module._without_annotations_reference(node)
+    assert found == expected and json.dumps(found) == json.dumps(expected) and json.dumps(node) == before
+
+    def shared_where_unchanged(given: Any, made: Any) -> None:
+        if not isinstance(made, dict | list):
+            return
+        assert (made is given) == (json.dumps(made) == json.dumps(given))
+        for at in made if isinstance(made, dict) else range(len(made)):
+            shared_where_unchanged(given[at], made[at])
+
+    shared_where_unchanged(node, found)
+
+
+@native_only
+def test_schema_without_takes_frozensets_only_and_leaves_deep_schemas() -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    sets = (frozenset({"title"}), frozenset({"not"}), frozenset({"anyOf"}), frozenset({"properties"}))
+    with pytest.raises(TypeError):
+        native.schema_without({}, {"title"}, *sets[1:])
+    deep: dict[str, Any] = {"title": "t"}
+    for _ in range(300):
+        deep = {"not": deep, "title": "t"}
+    assert native.schema_without(deep, *sets) is None
+    assert native.schema_without({"not": {"title": "t", "x": 1}}, *sets) == {"not": {"x": 1}}
+
+
 def _cycle() -> dict[str, Any]:
     node: dict[str, Any] = {"a": []}
     node["a"].append(node)

@@ -18,7 +18,7 @@ import threading
 import warnings
 import zlib
 from collections import Counter
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 import numpy as np
@@ -44,6 +44,7 @@ from triemask import (
 )
 from triemask.datasets import load_tool_registry, tool_specs
 from triemask.schemas import clear_structure_cache, dispatch
+from triemask.schemas.reading import _without_annotations_reference, structure_text, without_annotations
 from triemask.schemas.support import compile_threads, vocabulary_support
 
 xgr = pytest.importorskip("xgrammar")
@@ -790,6 +791,120 @@ def test_a_schema_text_never_poses_as_another_skeleton(byte_vocab: Vocabulary, b
         matcher = Matcher(compiled)
         text = json.dumps({"x": stand_in, "y": NAMES[0]}).encode()
         assert matcher.accept_tokens(list(text)) == len(text) and matcher.value == {"x": stand_in, "y": NAMES[0]}
+
+
+ANNOTATED: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "Call",
+    "description": "A call",
+    "$comment": "every annotation, where it annotates and where it is a name or a value",
+    "type": "object",
+    "properties": {
+        "title": {"title": "Title", "type": "string", "default": "x", "examples": ["a"], "deprecated": True},
+        "description": {
+            "type": "array",
+            "items": {"type": "integer", "readOnly": True, "description": "n"},
+            "writeOnly": False,
+        },
+        "default": {"anyOf": [{"type": "null", "title": "none"}, {"$ref": "#/$defs/Choice", "description": "d"}]},
+        "examples": {"enum": [{"title": "kept"}, "b", "c"], "description": "the values stay"},
+        "const": {"const": {"description": "kept"}, "title": "c"},
+        "pair": {"type": "array", "prefixItems": [{"type": "string", "title": "first"}], "items": False},
+        "map": {"type": "object", "additionalProperties": {"type": "integer", "$comment": "v"}},
+        "label": {"enum": NAMES[:6], "description": "a trie field where enums go to tries"},
+    },
+    "required": ["title", "description", "default", "label"],
+    "$defs": {
+        "Choice": {
+            "title": "Choice",
+            "type": "object",
+            "properties": {"title": {"type": "boolean", "description": "flag"}},
+            "required": ["title"],
+        }
+    },
+}
+
+
+def edited(node: Any) -> Any:
+    """``node`` with every annotation's value changed (names and values that look like one stay)."""
+    if isinstance(node, list):
+        return [edited(child) for child in node]
+    if not isinstance(node, dict):
+        return node
+    return {
+        key: f"edited {value}"
+        if key in ("title", "description", "$comment") and isinstance(value, str)
+        else (value if key in ("enum", "const") else edited(value))
+        for key, value in node.items()
+    }
+
+
+def test_annotations_leave_the_structure_where_xgrammar_never_reads_them() -> None:
+    """xgrammar is given the structure without the annotations of its subschemas, which its
+    grammar never reads (the same grammar, both spacings, for every schema of the suite);
+    properties named like them and values that hold them stay; a $ref through such a name, or
+    a schema deeper than the C walk goes, keeps them all; the C walk equals the reference and
+    shares what it does not change."""
+    stripped = without_annotations(ANNOTATED)
+    assert stripped == _without_annotations_reference(ANNOTATED) and stripped is not ANNOTATED
+    text = json.dumps(stripped)
+    for gone in ('"$schema"', '"$comment"', '"A call"', '"Title"', '"flag"', '"deprecated"', '"readOnly"'):
+        assert gone not in text
+    assert list(stripped["properties"]) == list(ANNOTATED["properties"])
+    assert stripped["properties"]["examples"]["enum"][0] == {"title": "kept"}
+    assert stripped["properties"]["const"] == {"const": {"description": "kept"}}
+    assert stripped["$defs"]["Choice"]["properties"] == {"title": {"type": "boolean"}}
+    assert stripped["properties"]["map"] is not ANNOTATED["properties"]["map"]
+    assert stripped["required"] is ANNOTATED["required"]  # (shared: nothing removed there)
+    plain = {"type": "object", "properties": {"title": {"type": "string"}}}
+    assert without_annotations(plain) is plain
+    through = {"$defs": {"a": {"default": {"type": "string"}}}, "$ref": "#/$defs/a/default", "title": "t"}
+    assert without_annotations(through) is through
+    deep: dict[str, Any] = {"type": "string", "title": "deepest"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"p": deep}, "title": "t"}
+    assert without_annotations(deep) is deep  # (deeper than any schema load_schema admits)
+    assert '"title"' not in json.dumps(_without_annotations_reference(deep))
+    pydantic = pytest.importorskip("pydantic")
+
+    class Place(pydantic.BaseModel):  # type: ignore[misc, name-defined]
+        name: str = pydantic.Field(description="where", examples=["Paris"])
+        kind: Literal["city", "region"] = "city"
+
+    class Trip(pydantic.BaseModel):  # type: ignore[misc, name-defined]
+        """A trip (pydantic gives every model and field a title, defaults, $defs and $refs)."""
+
+        places: list[Place] = pydantic.Field(title="Stops", max_length=3)
+        days: int | None = pydantic.Field(default=None, ge=1, description="how long")
+
+    suite = (ANNOTATED, edited(ANNOTATED), Trip.model_json_schema(), *SCHEMAS.values(), *UNIONS.values())
+    checked = 0
+    for schema in (*suite, UNENFORCED_SCHEMA):
+        for any_whitespace in (False, True):
+            expected = str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_whitespace))
+            assert str(xgr.Grammar.from_json_schema(structure_text(schema), any_whitespace=any_whitespace)) == expected
+            assert without_annotations(schema) == _without_annotations_reference(schema)
+            checked += without_annotations(schema) is not schema
+    assert checked >= 8
+
+
+def test_schemas_that_differ_only_in_annotations_share_their_structure(
+    byte_vocab: Vocabulary, byte_compiler: Compiler
+) -> None:
+    """An edited description or title (a tool's documentation, pydantic's model names) is the
+    same structure: compiled once, with or without trie fields, each schema's masks its own
+    text's; a property named "description" whose type changes is another structure."""
+    for min_enum_values in (2, 10_000):
+        first = byte_compiler.compile_json_schema(ANNOTATED, min_enum_values=min_enum_values)
+        second = byte_compiler.compile_json_schema(edited(ANNOTATED), min_enum_values=min_enum_values)
+        assert second.stats()["structure"]["shared"] and second._grammar is first._grammar
+        assert second.schema == edited(ANNOTATED) != ANNOTATED  # (the schema as given, annotations included)
+        reference = reference_compiler(byte_vocab).compile_json_schema(json.dumps(edited(ANNOTATED)))
+        assert compare_walks(second, reference, byte_vocab, walks=6, steps=40, seed=min_enum_values) > 24
+        retyped = json.loads(json.dumps(ANNOTATED))
+        retyped["properties"]["description"] = {"type": "string", "description": "n"}
+        other = byte_compiler.compile_json_schema(retyped, min_enum_values=min_enum_values)
+        assert not other.stats()["structure"]["shared"]
 
 
 def test_schemas_without_trie_fields_reuse_xgrammar_rule_masks(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:

@@ -47,7 +47,7 @@
  *   schema_step.c   SchemaCore, LexTables, StepTables: a mixed schema's common steps (xgrammar's handle,
  *                   the field tries' kernels)
  *   ebnf_controls.c whether xgrammar's printed grammar may admit a raw control character in a string
- *   json_walk.c     a loaded schema's dicts and depth (schemas.reading)
+ *   json_walk.c     a loaded schema's dicts, depth and copy, its annotations removed (schemas.reading)
  *   lazy_kernels.c  the lazy layout's Kernel: edges, spelling values, cache controls
  *   checks.c        the file format's checksum and the check that stored edges spell the values
  */
@@ -103,6 +103,8 @@ static PyMethodDef module_methods[] = {
     {"json_cost", json_cost, METH_O,
      "json_cost(node) -> (patterns, formats, optional_squares, dicts): what a schema asks of xgrammar's compile."},
     {"json_copy", json_copy, METH_O, "json_copy(node) -> a deep copy of a plain JSON schema, or None (take json)."},
+    {"schema_without", schema_without, METH_VARARGS,
+     "schema_without(node, removed, one, lists, maps) -> node less the keys removed where they are keywords, or None."},
     {"fill_schema_rows", (PyCFunction)(void (*)(void))fill_schema_rows, METH_FASTCALL,
      "fill_schema_rows(matchers, bitmask, rows, batcher): schema rows, the structural ones in one xgrammar call\n"
      "(True), or None to defer to fill_next_token_bitmasks's checks."},

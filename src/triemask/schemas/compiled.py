@@ -86,7 +86,7 @@ from .fields import (
     step_flags,
     text_array,
 )
-from .reading import UnionChoice, dispatch, json_texts, load_schema, union_values
+from .reading import UnionChoice, dispatch, json_texts, load_schema, structure_text, union_values
 from .structure import Configuration, controls_in_strings, field_sentinel, structure_grammar
 from .support import Skeleton, require_xgrammar, vocabulary_support
 
@@ -141,8 +141,9 @@ class CompiledSchema(SchemaEngine):
         # structural schema cut at its placeholders' random nonce, the options, which site is
         # which field). Cut, not replaced: a schema's own text may hold any string, a fixed
         # stand-in for the nonce included, and must never make two structures one key.
+        # (annotations are not in it: an edited description changes no skeleton)
         nonce = sites[0].placeholder.rsplit("-", 1)[0] if sites else ""
-        text = json.dumps(structural)
+        text = structure_text(structural)
         skeleton = (tuple(text.split(nonce)) if nonce else (text,), repr(options.structure()), tuple(numbers))
         cached = support.skeleton(skeleton)
         self._structure_shared = cached is not None

@@ -208,3 +208,118 @@ static PyObject *json_copy(PyObject *module, PyObject *node) {
     }
     return copy;
 }
+
+/* ------------------------------------------------------------------ a schema's annotations removed */
+
+/* schema_without(node, removed, one, lists, maps) -> `node` less the keys in `removed` wherever
+ * they are keywords of a subschema, or None: the subschemas are `node` and, below one, the value
+ * of a keyword in `one`, the items of a list under a keyword in `lists`, the values of a dict
+ * under a keyword in `maps` (frozensets: schemas.reading's tables; its _without_annotations is
+ * the reference the tests compare this with). What holds nothing removed is returned itself,
+ * shared, not copied: a schema without annotations costs one pass and no allocation. Recursion
+ * is bounded by JSON_COPY_DEPTH: deeper gives None (the caller keeps the schema as it is). */
+typedef struct {
+    PyObject *removed, *one, *lists, *maps;
+} SchemaKeywords;
+
+/* NULL with no error set: too deep; NULL with an error: failed. */
+static PyObject *schema_without_at(PyObject *node, const SchemaKeywords *keywords, int level);
+
+/* The value of keyword `key` of a subschema, with the subschemas it holds done. */
+static PyObject *schema_without_in(PyObject *key, PyObject *value, const SchemaKeywords *keywords, int level) {
+    int holds;
+    if (PyList_CheckExact(value)) {
+        if ((holds = PySet_Contains(keywords->lists, key)) <= 0) {
+            return holds < 0 ? NULL : Py_NewRef(value);
+        }
+        PyObject *copy = NULL;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(value); i++) {
+            PyObject *item = PyList_GET_ITEM(value, i);
+            PyObject *done = schema_without_at(item, keywords, level + 1);
+            if (done == NULL || (done != item && copy == NULL &&
+                                 (copy = PyList_GetSlice(value, 0, PyList_GET_SIZE(value))) == NULL)) {
+                Py_XDECREF(done);
+                Py_XDECREF(copy);
+                return NULL;
+            }
+            if (copy != NULL) {
+                PyList_SetItem(copy, i, done); /* (steals done) */
+            } else {
+                Py_DECREF(done);
+            }
+        }
+        return copy != NULL ? copy : Py_NewRef(value);
+    }
+    if (!PyDict_CheckExact(value)) {
+        return Py_NewRef(value);
+    }
+    if ((holds = PySet_Contains(keywords->maps, key)) < 0) {
+        return NULL;
+    }
+    if (!holds) {
+        if ((holds = PySet_Contains(keywords->one, key)) <= 0) {
+            return holds < 0 ? NULL : Py_NewRef(value);
+        }
+        return schema_without_at(value, keywords, level + 1);
+    }
+    PyObject *copy = NULL, *name, *child;
+    Py_ssize_t at = 0;
+    while (PyDict_Next(value, &at, &name, &child)) {
+        PyObject *done = schema_without_at(child, keywords, level + 1);
+        int failed = done == NULL || (done != child && ((copy == NULL && (copy = PyDict_Copy(value)) == NULL) ||
+                                                        PyDict_SetItem(copy, name, done) < 0));
+        Py_XDECREF(done);
+        if (failed) {
+            Py_XDECREF(copy);
+            return NULL;
+        }
+    }
+    return copy != NULL ? copy : Py_NewRef(value);
+}
+
+static PyObject *schema_without_at(PyObject *node, const SchemaKeywords *keywords, int level) {
+    if (!PyDict_CheckExact(node)) {
+        return Py_NewRef(node);
+    }
+    if (level >= JSON_COPY_DEPTH) {
+        return NULL;
+    }
+    PyObject *copy = NULL, *key, *value;
+    Py_ssize_t at = 0;
+    while (PyDict_Next(node, &at, &key, &value)) {
+        int removed = PySet_Contains(keywords->removed, key);
+        PyObject *done = removed == 0 ? schema_without_in(key, value, keywords, level) : NULL;
+        if (removed < 0 || (removed == 0 && done == NULL)) {
+            Py_XDECREF(copy);
+            return NULL;
+        }
+        if (removed || done != value) {
+            /* (the copy is changed, the dict walked is not: its iteration stays valid) */
+            int failed = (copy == NULL && (copy = PyDict_Copy(node)) == NULL) ||
+                         (removed ? PyDict_DelItem(copy, key) : PyDict_SetItem(copy, key, done)) < 0;
+            Py_XDECREF(done);
+            if (failed) {
+                Py_XDECREF(copy);
+                return NULL;
+            }
+        } else {
+            Py_DECREF(done);
+        }
+    }
+    return copy != NULL ? copy : Py_NewRef(node);
+}
+
+static PyObject *schema_without(PyObject *module, PyObject *args) {
+    PyObject *node;
+    SchemaKeywords keywords;
+    if (!PyArg_ParseTuple(args, "OO!O!O!O!:schema_without", &node, &PyFrozenSet_Type, &keywords.removed,
+                          &PyFrozenSet_Type, &keywords.one, &PyFrozenSet_Type, &keywords.lists, &PyFrozenSet_Type,
+                          &keywords.maps)) {
+        return NULL;
+    }
+    PyObject *done = schema_without_at(node, &keywords, 0);
+    if (done == NULL && !PyErr_Occurred()) {
+        Py_RETURN_NONE;
+    }
+    return done;
+}
