@@ -877,7 +877,13 @@ def test_annotations_leave_the_structure_where_xgrammar_never_reads_them() -> No
         places: list[Place] = pydantic.Field(title="Stops", max_length=3)
         days: int | None = pydantic.Field(default=None, ge=1, description="how long")
 
-    suite = (ANNOTATED, edited(ANNOTATED), Trip.model_json_schema(), *SCHEMAS.values(), *UNIONS.values())
+    draft_04 = {  # (a $schema that names another draft, its "definitions")
+        "$schema": "http://json-schema.org/draft-04/schema#",
+        "type": "array",
+        "items": {"$ref": "#/definitions/item"},
+        "definitions": {"item": {"type": "integer", "default": 1, "title": "item"}},
+    }
+    suite = (ANNOTATED, edited(ANNOTATED), Trip.model_json_schema(), draft_04, *SCHEMAS.values(), *UNIONS.values())
     checked = 0
     for schema in (*suite, UNENFORCED_SCHEMA):
         for any_whitespace in (False, True):
@@ -885,7 +891,7 @@ def test_annotations_leave_the_structure_where_xgrammar_never_reads_them() -> No
             assert str(xgr.Grammar.from_json_schema(structure_text(schema), any_whitespace=any_whitespace)) == expected
             assert without_annotations(schema) == _without_annotations_reference(schema)
             checked += without_annotations(schema) is not schema
-    assert checked >= 8
+    assert checked >= 10
 
 
 def test_schemas_that_differ_only_in_annotations_share_their_structure(
