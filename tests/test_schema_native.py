@@ -530,6 +530,52 @@ def test_schema_without_annotations_in_c_equals_the_reference(node: dict[str, An
     shared_where_unchanged(node, found)
 
 
+# keys _nothing_to_dispatch reads (and one it does not), values of every type it tells apart:
+# strs with a lone surrogate, null, dicts (a property named "enum"), lists short and long
+_DISPATCH_KEYS = st.sampled_from(["enum", "anyOf", "oneOf", "const", "pattern", "format", "not", "uniqueItems", "x"])
+_DISPATCH_LEAVES = st.none() | st.booleans() | st.integers(-2, 2) | st.sampled_from(["a", "\ud800", "b\udfff"])
+_DISPATCHED = st.recursive(
+    _DISPATCH_LEAVES,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_DISPATCH_KEYS, inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@native_only
+@settings(max_examples=500, deadline=None)
+@given(node=st.dictionaries(_DISPATCH_KEYS, _DISPATCHED, max_size=5), min_values=st.integers(1, 6))
+def test_nothing_to_dispatch_in_c_equals_the_reference(node: dict[str, Any], min_values: int) -> None:
+    native = kernels.KERNELS
+    assert native is not None
+    expected = reading_module._nothing_to_dispatch_reference(node, min_values)
+    assert reading_module._nothing_to_dispatch(node, min_values) is expected
+    assert reading_module._nothing_to_dispatch(node, 10**30) is reading_module._nothing_to_dispatch_reference(
+        node, 10**30
+    )
+
+
+@pytest.mark.parametrize(
+    ("node", "plain"),
+    [
+        ({"type": "object", "properties": {"enum": {"type": "string"}}}, True),  # a property named "enum"
+        ({"enum": ["a", 1, None]}, True),
+        ({"enum": None, "anyOf": [{"type": "string"}, {"type": "null"}]}, True),
+        ({"enum": ["a", "b", "c", "d"]}, False),  # as many as min_values: perhaps a trie
+        ({"enum": []}, False),
+        ({"enum": ["\ud800"]}, False),  # (the full visit names it)
+        ({"anyOf": [{"const": 1}]}, False),
+        ({"oneOf": [{}, {}, {}, {}]}, False),
+        ({"type": "string", "pattern": "a+"}, False),
+        ({"type": "string", "format": "date"}, False),
+        ({"type": "array", "uniqueItems": True}, False),
+        ({"pattern": 1, "format": None}, True),  # (not strs: xgrammar's to refuse)
+    ],
+)
+def test_nothing_to_dispatch_clears_plain_schemas_only(node: dict[str, Any], plain: bool) -> None:
+    assert reading_module._nothing_to_dispatch_reference(node, 4) is plain
+    assert reading_module._nothing_to_dispatch(node, 4) is plain
+
+
 @native_only
 def test_schema_without_takes_frozensets_only_and_leaves_deep_schemas() -> None:
     native = kernels.KERNELS

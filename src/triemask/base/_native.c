@@ -47,7 +47,8 @@
  *   schema_step.c   SchemaCore, LexTables, StepTables: a mixed schema's common steps (xgrammar's handle,
  *                   the field tries' kernels)
  *   ebnf_controls.c whether xgrammar's printed grammar may admit a raw control character in a string
- *   json_walk.c     a loaded schema's dicts, depth and copy, its annotations removed (schemas.reading)
+ *   json_walk.c     a loaded schema's dicts, depth, price and copy, whether it has anything to dispatch, its
+ *                   annotations removed (schemas.reading)
  *   lazy_kernels.c  the lazy layout's Kernel: edges, spelling values, cache controls
  *   checks.c        the file format's checksum and the check that stored edges spell the values
  */
@@ -103,6 +104,8 @@ static PyMethodDef module_methods[] = {
     {"json_cost", json_cost, METH_O,
      "json_cost(node) -> (patterns, formats, optional_squares, dicts): what a schema asks of xgrammar's compile."},
     {"json_copy", json_copy, METH_O, "json_copy(node) -> a deep copy of a plain JSON schema, or None (take json)."},
+    {"json_plain", json_plain, METH_VARARGS,
+     "json_plain(node, keywords, unenforced, min_values) -> whether a loaded schema has nothing to dispatch."},
     {"schema_without", schema_without, METH_VARARGS,
      "schema_without(node, removed, one, lists, maps) -> node less the keys removed where they are keywords, or None."},
     {"fill_schema_rows", (PyCFunction)(void (*)(void))fill_schema_rows, METH_FASTCALL,
@@ -178,7 +181,12 @@ PyMODINIT_FUNC PyInit__native(void) {
     str_format = PyUnicode_InternFromString("format");
     str_properties = PyUnicode_InternFromString("properties");
     str_required = PyUnicode_InternFromString("required");
-    if (str_pattern == NULL || str_format == NULL || str_properties == NULL || str_required == NULL) {
+    str_enum = PyUnicode_InternFromString("enum");
+    str_any_of = PyUnicode_InternFromString("anyOf");
+    str_one_of = PyUnicode_InternFromString("oneOf");
+    str_const = PyUnicode_InternFromString("const");
+    if (str_pattern == NULL || str_format == NULL || str_properties == NULL || str_required == NULL ||
+        str_enum == NULL || str_any_of == NULL || str_one_of == NULL || str_const == NULL) {
         return NULL;
     }
     str_handle = PyUnicode_InternFromString("_handle");

@@ -138,6 +138,107 @@ failed:
     return NULL;
 }
 
+/* ------------------------------------------------------------------ nothing to dispatch */
+
+/* json_plain(node, keywords, unenforced, min_values) -> bool: schemas.reading.
+ * _nothing_to_dispatch's answer (its Python loop is the reference the tests compare this with),
+ * over json_containers' dicts. A dict with no key of `keywords` is plain; one with a key of
+ * `unenforced`, or an exact str "pattern" or "format", is not; an "enum" absent, null or a dict
+ * (a property named "enum") leaves "anyOf" and "oneOf", plain unless an exact list of at least
+ * `min_values` branches or with a dict branch holding "const"; else the "enum" must be an
+ * exact list of 1 .. min_values - 1 values whose exact strs are UTF-8 (no lone surrogate). */
+static PyObject *str_enum, *str_any_of, *str_one_of, *str_const; /* interned at import */
+
+/* 1: one of `dict`'s keys is in `keys`; 0: none; -1: failed. */
+static int dict_holds_any(PyObject *dict, PyObject *keys) {
+    Py_ssize_t at = 0;
+    PyObject *key, *value;
+    while (PyDict_Next(dict, &at, &key, &value)) {
+        int found = PySet_Contains(keys, key);
+        if (found != 0) {
+            return found;
+        }
+    }
+    return 0;
+}
+
+/* 1: plain; 0: not; -1: failed. */
+static int plain_dict(PyObject *dict, PyObject *keywords, PyObject *unenforced, Py_ssize_t min_values) {
+    int holds = dict_holds_any(dict, keywords);
+    if (holds <= 0) {
+        return holds < 0 ? -1 : 1; /* (most dicts: no keyword at all) */
+    }
+    if ((holds = dict_holds_any(dict, unenforced)) != 0) {
+        return holds < 0 ? -1 : 0;
+    }
+    PyObject *pattern = PyDict_GetItemWithError(dict, str_pattern); /* borrowed */
+    PyObject *format = PyDict_GetItemWithError(dict, str_format);
+    PyObject *values = PyDict_GetItemWithError(dict, str_enum);
+    if (PyErr_Occurred()) {
+        return -1;
+    }
+    if ((pattern != NULL && PyUnicode_CheckExact(pattern)) || (format != NULL && PyUnicode_CheckExact(format))) {
+        return 0;
+    }
+    if (values == NULL || values == Py_None || PyDict_CheckExact(values)) {
+        PyObject *unions[] = {str_any_of, str_one_of};
+        for (int u = 0; u < 2; u++) {
+            PyObject *branches = PyDict_GetItemWithError(dict, unions[u]);
+            if (branches == NULL && PyErr_Occurred()) {
+                return -1;
+            }
+            if (branches == NULL || !PyList_CheckExact(branches)) {
+                continue;
+            }
+            if (PyList_GET_SIZE(branches) >= min_values) {
+                return 0; /* (perhaps a union of consts: an enum) */
+            }
+            for (Py_ssize_t b = 0; b < PyList_GET_SIZE(branches); b++) {
+                PyObject *branch = PyList_GET_ITEM(branches, b);
+                int has_const = PyDict_CheckExact(branch) ? PyDict_Contains(branch, str_const) : 0;
+                if (has_const != 0) {
+                    return has_const < 0 ? -1 : 0; /* (perhaps a discriminated union) */
+                }
+            }
+        }
+        return 1;
+    }
+    if (!PyList_CheckExact(values) || PyList_GET_SIZE(values) == 0 || PyList_GET_SIZE(values) >= min_values) {
+        return 0;
+    }
+    for (Py_ssize_t v = 0; v < PyList_GET_SIZE(values); v++) {
+        PyObject *value = PyList_GET_ITEM(values, v);
+        if (PyUnicode_CheckExact(value) && PyUnicode_AsUTF8AndSize(value, NULL) == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) {
+                return -1;
+            }
+            PyErr_Clear();
+            return 0; /* (the full visit names the value) */
+        }
+    }
+    return 1;
+}
+
+static PyObject *json_plain(PyObject *module, PyObject *args) {
+    PyObject *node, *keywords, *unenforced;
+    Py_ssize_t min_values;
+    if (!PyArg_ParseTuple(args, "OO!O!n:json_plain", &node, &PyFrozenSet_Type, &keywords, &PyFrozenSet_Type,
+                          &unenforced, &min_values)) {
+        return NULL;
+    }
+    PyObject *walked = json_containers(module, node);
+    if (walked == NULL) {
+        return NULL;
+    }
+    PyObject *dicts = PyTuple_GET_ITEM(walked, 0);
+    int plain = 1;
+    for (Py_ssize_t i = 0; plain == 1 && i < PyList_GET_SIZE(dicts); i++) {
+        plain = plain_dict(PyList_GET_ITEM(dicts, i), keywords, unenforced, min_values);
+    }
+    Py_DECREF(walked);
+    return plain < 0 ? NULL : PyBool_FromLong(plain);
+}
+
 /* ------------------------------------------------------------------ a caller's schema copied */
 
 /* json_copy(node) -> a copy, or None: a deep copy of a caller's schema made of exact dicts with
