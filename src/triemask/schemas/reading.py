@@ -573,11 +573,11 @@ def _without_annotations_reference(node: Any) -> Any:
     for key, value in node.items():
         if key in _ANNOTATIONS:
             continue
-        if key in _MAP and type(value) is dict:
+        if key in _MAP_KEYWORDS and type(value) is dict:
             value = {name: _without_annotations_reference(child) for name, child in value.items()}
-        elif key in _LIST and type(value) is list:
+        elif key in _LIST_KEYWORDS and type(value) is list:
             value = [_without_annotations_reference(child) for child in value]
-        elif key in _ONE:
+        elif key in _ONE_KEYWORDS:
             value = _without_annotations_reference(value)
         copied[key] = value
     return copied

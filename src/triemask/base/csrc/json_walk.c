@@ -315,10 +315,10 @@ static PyObject *json_copy(PyObject *module, PyObject *node) {
 /* schema_without(node, removed, one, lists, maps) -> `node` less the keys in `removed` wherever
  * they are keywords of a subschema, or None: the subschemas are `node` and, below one, the value
  * of a keyword in `one`, the items of a list under a keyword in `lists`, the values of a dict
- * under a keyword in `maps` (frozensets: schemas.reading's tables; its _without_annotations is
- * the reference the tests compare this with). What holds nothing removed is returned itself,
- * shared, not copied: a schema without annotations costs one pass and no allocation. Recursion
- * is bounded by JSON_COPY_DEPTH: deeper gives None (the caller keeps the schema as it is). */
+ * under a keyword in `maps` (frozensets: schemas.reading's tables; the tests compare this with
+ * its _without_annotations_reference). What holds nothing removed is returned itself, shared,
+ * not copied: a schema without annotations costs one pass and no allocation. Recursion is
+ * bounded by JSON_COPY_DEPTH: deeper gives None (the caller keeps the schema as it is). */
 typedef struct {
     PyObject *removed, *one, *lists, *maps;
 } SchemaKeywords;
