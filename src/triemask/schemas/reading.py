@@ -616,7 +616,7 @@ def _nothing_to_dispatch(schema: dict[str, Any], min_enum_values: int) -> bool:
     union with one-value enums), so that dispatch returns it as it is. Anything it cannot
     clear at a glance (an enum or a union of consts that may be large or is not plain, a
     pattern, a format, a keyword xgrammar does not enforce) takes the full visit. In C where
-    the extension is built (vLLM's schema of 50 tools: 0.02 ms against 0.15 ms), else
+    the extension is built (vLLM's schema of 50 tools: 0.02 ms against 0.08 ms), else
     :func:`_nothing_to_dispatch_reference`."""
     native = kernels.KERNELS
     if native is None:
