@@ -20,6 +20,7 @@ from triemask import Compiler, Matcher, TriemaskError, Vocabulary, allocate_toke
 from triemask.automata import checks
 from triemask.automata import trie as _automaton
 from triemask.base import kernels as _kernels
+from triemask.vocab import TokenIndex
 
 pytestmark = pytest.mark.skipif(not _kernels.NATIVE, reason="built without the C extension")
 
@@ -127,6 +128,30 @@ def test_compile_loops_equal_reference(
         assert str(again.value) == str(error)
 
 
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    pieces=st.lists(words.filter(bool), min_size=1, max_size=12),
+    values=st.lists(words, min_size=1, max_size=10),
+    pattern=st.lists(st.sampled_from(["a", "b", "c", "ab", "(a|bc)", "[ab]", "c?", "(ab|a)"]), max_size=4),
+)
+def test_piece_edges_equal_reference(
+    pieces: list[bytes], values: list[bytes], pattern: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mixed schema's second token table (its token pieces, duplicates included) matched
+    against a field's trie and a pattern's automaton: the C matching's edges are the
+    reference's, array for array."""
+    compiler = Compiler(byte_vocabulary([b"ab", b"bc"]))
+    index = TokenIndex(Vocabulary(pieces, eos_token_ids=None))
+    regex = "".join(pattern) or "a"
+    native = (compiler.compile_matching(values, index)[1], compiler.compile_pattern_matching(regex, index)[1])
+    with monkeypatch.context() as patch:
+        patch.setattr(_kernels, "KERNELS", None)
+        reference = (compiler.compile_matching(values, index)[1], compiler.compile_pattern_matching(regex, index)[1])
+    for mine, theirs in zip(native, reference, strict=True):
+        for a, b in zip(mine, theirs, strict=True):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
 def test_real_vocabulary_compiles_identically(monkeypatch: pytest.MonkeyPatch) -> None:
     from conftest import real_vocabulary
     from triemask.datasets import load_icd10cm, synthetic_tools
@@ -221,6 +246,7 @@ if os.environ.get("TRIEMASK_BLOCK_NATIVE"):
 import numpy as np
 from triemask import Compiler, Matcher, Vocabulary, allocate_token_bitmask
 from triemask.base import kernels as _kernels
+from triemask.vocab import TokenIndex
 vocab = Vocabulary([bytes([b]) for b in range(256)] + [b"ab", b"abc", None], eos_token_ids=258)
 automaton = Compiler(vocab).compile(["abc", "abd", "b", "xyz"])
 bitmask = allocate_token_bitmask(4, vocab.vocab_size)

@@ -636,6 +636,17 @@ def test_json_texts_match_xgrammar() -> None:
         assert matcher.accept_string(text) and matcher.is_completed(), text
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(st.sampled_from('ab"\\\x00\x01\x1f\x7f\x80é😀 ')) | st.text(), min_size=1, max_size=8))
+def test_json_texts_of_strings_escape_exactly(values: list[str]) -> None:
+    """Strings take a fast path when none needs an escape: the texts are those of each value
+    spelled alone (json.dumps with raw UTF-8, DEL as xgrammar escapes it)."""
+    from triemask.schemas.reading import json_texts
+
+    expected = [json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f").encode() for v in values]
+    assert json_texts(tuple(values), "$") == expected
+
+
 @pytest.mark.parametrize("any_whitespace", [False, True])
 def test_qwen_tool_call(any_whitespace: bool) -> None:
     """The fast real-vocabulary check of `make test`: a tool-call schema on Qwen 151K."""

@@ -26,6 +26,7 @@ from ..base import (
     kinds_of,
     register_kind,
     set_fingerprint,
+    sorted_unique,
     storage,
 )
 from ..vocab import Vocabulary
@@ -391,7 +392,7 @@ class TrieAutomaton(AutomatonBase):
     def accepting_nodes(self) -> npt.NDArray[np.int32]:
         """The trie nodes where a value is complete, ascending (read-only); the value
         of ``accepting_nodes[i]`` is not in general ``value(i)``: use :meth:`value_of`."""
-        return np.unique(self._terminal_nodes).astype(np.int32)
+        return sorted_unique(self._terminal_nodes).astype(np.int32)
 
     @property
     def memory_bytes(self) -> int:

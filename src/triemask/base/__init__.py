@@ -27,7 +27,7 @@ from .kinds import file_kinds, kind_class, kinds_of, register_kind
 from .lru import BoundedLRU
 from .storage import cache_directory, read, read_regular_file
 from .trie import ByteTrie, build_trie
-from .values import encode_values, set_fingerprint, values_fingerprint
+from .values import encode_values, set_fingerprint, sorted_unique, values_fingerprint
 
 __all__ = [
     "INT32",
@@ -69,6 +69,7 @@ __all__ = [
     "read_regular_file",
     "register_kind",
     "set_fingerprint",
+    "sorted_unique",
     "storage",
     "unpack_bitmask",
     "values_fingerprint",

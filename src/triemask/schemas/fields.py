@@ -15,10 +15,18 @@ import numpy as np
 import numpy.typing as npt
 
 from ..automata import TrieAutomaton, restore_parts
-from ..base import ArgumentTypeError, AutomatonFileError, IncompatibleValueError, SchemaError, integer, storage
+from ..base import (
+    ArgumentTypeError,
+    AutomatonFileError,
+    IncompatibleValueError,
+    SchemaError,
+    integer,
+    sorted_unique,
+    storage,
+)
 from ..sets import SetCompiler, unanchored
 from ..vocab import Vocabulary
-from .reading import json_texts
+from .reading import all_strings, json_texts
 from .structure import DEFAULT_MIN_ENUM_VALUES, DEFAULT_MIN_UNION_BRANCHES, SENTINEL_LEAD
 from .support import Pieces, VocabularySupport
 
@@ -74,7 +82,7 @@ def compile_field(
             raise SchemaError(f"{path}: {exc}", path=path) from None
     else:
         texts = json_texts(values, path)
-        if all(type(value) is str for value in values):  # (most fields: every text is in quotes)
+        if all_strings(values):  # (most fields: every text is in quotes)
             first = last = b'"'
         else:
             first, last = bytes(sorted({t[0] for t in texts})), bytes(sorted({t[-1] for t in texts}))
@@ -98,32 +106,26 @@ def compile_field(
         for node in accepting_nodes.tolist():
             if automaton.allowed_token_ids(node).size:
                 leaves[node] = False
-    tails: dict[bytes, int] = {}
-    middles: dict[bytes, int] = {}
-    crossing: set[int] = set()
-    enter_lists: dict[int, list[int]] = {}
-    middle_by_prefix: dict[int, list[tuple[int, int, int, int]]] = {}
-    # the entries whose piece the trie reaches from its root (one array lookup for them all)
+    # the entries whose piece the trie reaches from its root (one array lookup for them all):
+    # a tail enters the value (its piece ends with the token), a middle holds a whole value
+    # and goes on (its piece ends at an accepting node before the token's end)
     node_of_piece = np.full(len(pieces.pieces) + 1, -1, dtype=np.int64)
     node_of_piece[piece_ids[offsets[0] : offsets[1]]] = dests[offsets[0] : offsets[1]]
     table = pieces.enters
-    reached = node_of_piece[table[:, 0]] if len(table) else np.zeros(0, dtype=np.int64)
-    for (pid, token, start, end), node in zip(
-        table[reached >= 0].tolist(), reached[reached >= 0].tolist(), strict=True
-    ):
-        data = support.tokens[token]
-        assert data is not None
-        prefix = support.prefix_ids[data[:start]]
-        if end == len(data):  # a tail
-            tails[pieces.pieces[pid]] = node
-            crossing.add(token)
-            enter_lists.setdefault(prefix, []).append(token)
-        if end < len(data) and accepting[node]:  # a whole value, then more
-            middles[pieces.pieces[pid]] = node
-            crossing.add(token)
-            middle_by_prefix.setdefault(prefix, []).append((token, start, end, node))
+    reached = node_of_piece[table[:, 0]]
+    rows, nodes = table[reached >= 0], reached[reached >= 0]
+    tail = rows[:, 5] == 1
+    middle = ~tail & accepting[nodes]
+    rows, nodes, tail = rows[tail | middle], nodes[tail | middle], tail[tail | middle]
+    assert (rows[:, 4] >= 0).all()  # (a value starts only after a structural prefix)
+    piece_of = pieces.pieces
+    tails = {piece_of[p]: node for p, node in zip(rows[tail, 0].tolist(), nodes[tail].tolist(), strict=True)}
+    middles = {piece_of[p]: node for p, node in zip(rows[~tail, 0].tolist(), nodes[~tail].tolist(), strict=True)}
+    middle_by_prefix: dict[int, list[tuple[int, int, int, int]]] = {}
+    for (_, token, start, end, prefix, _), node in zip(rows[~tail].tolist(), nodes[~tail].tolist(), strict=True):
+        middle_by_prefix.setdefault(prefix, []).append((token, start, end, node))
     # per prefix, the words and bits of its entering tokens: every (prefix, token) at once
-    pairs = np.unique(np.array([(p << 32) | t for p, tokens in enter_lists.items() for t in tokens], dtype=np.int64))
+    pairs = sorted_unique((rows[tail, 4] << 32) | rows[tail, 1])
     keys = (pairs >> 32 << 32) | ((pairs & 0xFFFFFFFF) >> 5)  # (prefix, word)
     firsts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, dtype=np.int64)
     bits = np.left_shift(np.uint32(1), (pairs & 31).astype(np.uint32))
@@ -151,7 +153,7 @@ def compile_field(
         pieces=pieces,
         tails=tails,
         middles=middles,
-        crossing=frozenset(crossing),
+        crossing=frozenset(rows[:, 1].tolist()),
         enter_masks=enter_masks,
         middle_by_prefix=middle_by_prefix,
         exit_nodes=sources[keep],

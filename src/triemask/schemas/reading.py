@@ -31,7 +31,7 @@ import math
 import re
 import secrets
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -117,6 +117,7 @@ _STRING_KEYS = frozenset({"type", "format", "pattern"})
 # Bytes a JSON string holds only escaped; xgrammar matches a pattern on the raw string
 # (json_string=true) and never allows them, so a pattern that can spell one stays there.
 _ESCAPED_BYTES = np.array([*range(0x20), ord('"'), ord("\\"), 0x7F], dtype=np.uint8)
+_UNESCAPED_BYTES = bytes(sorted(set(range(256)) - set(_ESCAPED_BYTES.tolist())))  # (json_texts)
 
 
 Pointer = tuple[str | int, ...]
@@ -260,12 +261,18 @@ def _key_path(path: str, key: str) -> str:
     return f"{path}.{key}" if _IDENTIFIER.fullmatch(key) else f"{path}[{json.dumps(key)}]"
 
 
+def all_strings(values: Iterable[Any]) -> bool:
+    """Whether every value is a ``str`` itself (no subclass): the common enum, checked with one
+    pass in C (a generator over 3,000 values takes 0.3 ms, this 0.05)."""
+    return set(map(type, values)) <= {str}
+
+
 def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, str | bool | int | float)
 
 
 def _check_values(values: list[Any], path: str) -> None:
-    if all(type(value) is str for value in values):
+    if all_strings(values):
         try:
             "".join(values).encode("utf-8")
             return
@@ -297,7 +304,7 @@ def _enum_values(node: dict[str, Any], path: str) -> tuple[list[Any], str] | Non
             raise SchemaError(f"{where} must be an array, got {type(values).__name__}", path=where)
         if not values:
             raise SchemaError(f"{where} is empty: no value could ever be generated", path=where)
-        if all(type(v) is str for v in values) or all(_is_scalar(v) for v in values):
+        if all_strings(values) or all(_is_scalar(v) for v in values):
             _check_values(values, where)
             return values, where
         return None
@@ -677,7 +684,7 @@ def dispatch(
     budget = _PatternBudget(MAX_DISPATCHED_PATTERNS if patterns else 0)
 
     def distinct(values: list[Any]) -> tuple[Any, ...]:
-        if all(type(value) is str for value in values):
+        if all_strings(values):
             return tuple(dict.fromkeys(values))
         unique: dict[str, Any] = {}
         for value in values:  # 1 and 1.0 are one JSON value; True and 1 are not
@@ -846,8 +853,9 @@ def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
     and null: the text xgrammar itself prints for them (it reformats numbers: ``1.0``
     is ``1``, ``1e20`` is ``1e+20``), read from the grammar it builds.
     """
-    if all(type(value) is str for value in values) and _NEEDS_ESCAPE.search("".join(values)) is None:
-        # the common case: every text is its value in quotes (one encode, no NUL inside)
+    # the common case: every text is its value in quotes (one encode, no NUL inside; the check
+    # deletes the bytes that need no escape: 10x faster than the regular expression)
+    if all_strings(values) and not "".join(values).encode("utf-8", "surrogatepass").translate(None, _UNESCAPED_BYTES):
         return ('"' + '"\x00"'.join(values) + '"').encode("utf-8").split(b"\x00")
     texts: list[bytes | None] = []
     others: list[Any] = []

@@ -40,7 +40,9 @@ class Pieces:
 
     def __init__(self, support: VocabularySupport, first: bytes, last: bytes) -> None:
         ids: dict[bytes, int] = {}
-        enters: list[tuple[int, int, int, int]] = []  # (piece, token, start, end): tails and middles
+        # (piece, token, start, end, prefix id of the token's bytes before the start or -1,
+        # 1 where the piece ends with the token: a tail): tails and middles
+        enters: list[tuple[int, int, int, int, int, int]] = []
         heads: list[tuple[int, int, int]] = []  # (piece, token, end)
         # only the tokens with a place a value may start or end, in id order as the pieces
         # are numbered (value_starts / value_ends: value_start_offsets / value_end_offsets
@@ -58,13 +60,15 @@ class Pieces:
             lo, hi = np.searchsorted(end_ids, [t, t + 1])
             ends = end_at[lo:hi].tolist()
             for j in starts:
-                enters.append((ids.setdefault(data[j:], len(ids)), t, j, len(data)))
-                enters.extend((ids.setdefault(data[j:i], len(ids)), t, j, i) for i in ends if i > j)
+                prefix = support.prefix_ids.get(data[:j], -1)
+                enters.append((ids.setdefault(data[j:], len(ids)), t, j, len(data), prefix, 1))
+                enters.extend(
+                    (ids.setdefault(data[j:i], len(ids)), t, j, i, prefix, int(i == len(data))) for i in ends if i > j
+                )
             heads.extend((ids.setdefault(data[:i], len(ids)), t, i) for i in ends)
         self.pieces: list[bytes] = list(ids)
-        # (piece, token, start, end) of the tails and middles, for a field's compile to pick
-        # the few its trie reaches
-        self.enters = np.array(enters, dtype=np.int64).reshape(-1, 4)
+        # the tails and middles, for a field's compile to pick the few its trie reaches
+        self.enters = np.array(enters, dtype=np.int64).reshape(-1, 6)
         heads.sort()
         table = np.array(heads, dtype=np.int64).reshape(-1, 3)
         self.head_offsets = np.searchsorted(table[:, 0], np.arange(len(ids) + 1)).astype(np.int64)
