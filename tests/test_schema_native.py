@@ -322,15 +322,20 @@ def test_vocabulary_preparation_equals_the_per_token_reference(tokens: list[byte
     vocab = Vocabulary([*table, None], eos_token_ids=[len(table)])
     lengths, offsets, data = vocab.byte_table()
     texts = [vocab.token_bytes(t) for t in range(len(lengths))]
+    # the same tokens laid out apart and last first (read by a gather, not in place)
+    spread, apart = b"", np.zeros(len(lengths), dtype=np.int64)
+    for t in reversed(range(len(lengths))):
+        apart[t], spread = len(spread) + 1, spread + b"\xff" + (texts[t] or b"")
     for first in (b'"', VALUE_FIRST):
-        ids, at = value_starts(data, offsets[: len(lengths)], lengths, first)
-        assert list(zip(ids.tolist(), at.tolist(), strict=True)) == [
-            (t, j) for t, text in enumerate(texts) if text for j in value_start_offsets(text, first)
-        ]
-        ids, at = value_ends(data, offsets[: len(lengths)], lengths, first)
-        assert list(zip(ids.tolist(), at.tolist(), strict=True)) == [
-            (t, i) for t, text in enumerate(texts) if text for i in value_end_offsets(text, first)
-        ]
+        for table_data, table_offsets in ((data, offsets[: len(lengths)]), (spread, apart)):
+            ids, at = value_starts(table_data, table_offsets, lengths, first)
+            assert list(zip(ids.tolist(), at.tolist(), strict=True)) == [
+                (t, j) for t, text in enumerate(texts) if text for j in value_start_offsets(text, first)
+            ]
+            ids, at = value_ends(table_data, table_offsets, lengths, first)
+            assert list(zip(ids.tolist(), at.tolist(), strict=True)) == [
+                (t, i) for t, text in enumerate(texts) if text for i in value_end_offsets(text, first)
+            ]
     assert split_tokens(data, offsets[: len(lengths)], lengths) == tuple(texts)
     native, kernels.KERNELS = kernels.KERNELS, None  # the Python expression too
     try:

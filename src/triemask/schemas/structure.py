@@ -57,9 +57,10 @@ def value_starts(
     ``data[offsets[t]:offsets[t] + lengths[t]]`` (a negative length: no bytes), as
     :meth:`Vocabulary.byte_table` gives them. Returns the tokens and the offsets in them,
     ordered by token then offset."""
-    ids, rank, byte = _token_bytes(data, offsets, lengths)
+    ids, starts, byte = _token_bytes(data, offsets, lengths)
     at = np.flatnonzero(_byte_set(first)[byte])  # the places a value could start at
-    start = at - rank[at]  # (the first byte of its token)
+    token = np.searchsorted(starts, at, side="right") - 1
+    start = starts[token]  # (the first byte of its token)
     # the last byte before each place that is not JSON whitespace, within the token (runs
     # of whitespace are short: the loop steps back over the places still on one)
     before = at - 1
@@ -70,30 +71,37 @@ def value_starts(
         moving = moving[before[moving] >= start[moving]]
         moving = moving[_WHITESPACE[byte[before[moving]]]]
     ok = (before < start) | _byte_set(b":,[")[byte[np.maximum(before, 0)]]
-    return ids[at[ok]], rank[at[ok]]
+    return ids[token[ok]], (at - start)[ok]
 
 
 def value_ends(
     data: bytes, offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int32], last: bytes
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """:func:`value_end_offsets` of every token at once (as :func:`value_starts`)."""
-    ids, rank, byte = _token_bytes(data, offsets, lengths)
-    ok = np.zeros(len(byte), dtype=bool)
-    ok[1:] = (rank[1:] > 0) & _byte_set(_FOLLOW)[byte[1:]] & _byte_set(last)[byte[:-1]]
-    return ids[ok], rank[ok]
+    ids, starts, byte = _token_bytes(data, offsets, lengths)
+    at = np.flatnonzero(_byte_set(_FOLLOW)[byte[1:]] & _byte_set(last)[byte[:-1]]) + 1
+    token = np.searchsorted(starts, at, side="right") - 1
+    rank = at - starts[token]
+    ok = rank > 0  # (the byte before is the same token's)
+    return ids[token[ok]], rank[ok]
 
 
 def _token_bytes(
     data: bytes, offsets: npt.NDArray[np.int64], lengths: npt.NDArray[np.int32]
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.uint8]]:
-    """Every byte of every token: its token, its offset in the token, the byte."""
-    present = lengths > 0
-    counts = lengths[present].astype(np.int64)
-    ids = np.repeat(np.flatnonzero(present), counts)
-    ends = np.cumsum(counts)
-    rank = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - counts, counts)
-    byte = np.frombuffer(data, dtype=np.uint8)[np.repeat(offsets[present], counts) + rank]
-    return ids, rank, byte
+    """The tokens with bytes (ids ascending), where each begins in the next array (and where
+    the last ends), and their bytes one after the other: ``data`` itself, no copy, where the
+    tokens lie in it so (a :class:`Vocabulary`'s own table), else gathered."""
+    ids = np.flatnonzero(lengths > 0)
+    counts = lengths[ids].astype(np.int64)
+    starts = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(counts, out=starts[1:])
+    raw = np.frombuffer(data, dtype=np.uint8)
+    base = int(offsets[ids[0]]) if len(ids) else 0
+    if np.array_equal(offsets[ids], starts[:-1] + base) and base + starts[-1] <= len(raw):
+        return ids, starts, raw[base : base + starts[-1]]
+    rank = np.arange(starts[-1], dtype=np.int64) - np.repeat(starts[:-1], counts)
+    return ids, starts, raw[np.repeat(offsets[ids], counts) + rank]
 
 
 def _byte_set(members: bytes) -> npt.NDArray[np.bool_]:

@@ -10,7 +10,7 @@ from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib.metadata import version
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -52,13 +52,15 @@ class Pieces:
         end_ids, end_at = value_ends(text, offsets[: len(lengths)], lengths, last)
         never = support.lexical.never
         candidates = np.union1d(start_ids, end_ids)
-        for t in candidates[~never[candidates]].tolist():
+        candidates = candidates[~never[candidates]]
+        # each candidate's places, sliced from the lists (a searchsorted per token: 10x slower)
+        start_bounds = np.searchsorted(start_ids, np.stack([candidates, candidates + 1])).T.tolist()
+        end_bounds = np.searchsorted(end_ids, np.stack([candidates, candidates + 1])).T.tolist()
+        start_list, end_list = start_at.tolist(), end_at.tolist()
+        for t, (lo, hi), (end_lo, end_hi) in zip(candidates.tolist(), start_bounds, end_bounds, strict=True):
             data = support.tokens[t]
             assert data is not None
-            lo, hi = np.searchsorted(start_ids, [t, t + 1])
-            starts = start_at[lo:hi].tolist()
-            lo, hi = np.searchsorted(end_ids, [t, t + 1])
-            ends = end_at[lo:hi].tolist()
+            starts, ends = start_list[lo:hi], end_list[end_lo:end_hi]
             for j in starts:
                 prefix = support.prefix_ids.get(data[:j], -1)
                 enters.append((ids.setdefault(data[j:], len(ids)), t, j, len(data), prefix, 1))
@@ -252,11 +254,11 @@ class VocabularySupport:
     @cached_property
     def token_ids(self) -> dict[bytes, int]:
         """The first id of each token's bytes (for the pieces of the first trie field)."""
-        ids: dict[bytes, int] = {}
-        for t, data in enumerate(self.tokens):
-            if data:
-                ids.setdefault(data, t)
-        return ids
+        # (built from the last token to the first, so that the first id of equal bytes stays)
+        ids = dict(zip(reversed(self.tokens), range(len(self.tokens) - 1, -1, -1), strict=True))
+        ids.pop(None, None)
+        ids.pop(b"", None)
+        return cast(dict[bytes, int], ids)
 
     @cached_property
     def lex_tables(self) -> Any:
