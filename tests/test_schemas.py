@@ -43,7 +43,8 @@ from triemask import (
     fill_next_token_bitmasks,
 )
 from triemask.datasets import load_tool_registry, tool_specs
-from triemask.schemas import clear_structure_cache, dispatch
+from triemask.schemas import clear_structure_cache, dispatch, prepare_schemas
+from triemask.schemas import support as support_module
 from triemask.schemas.reading import _without_annotations_reference, structure_text, without_annotations
 from triemask.schemas.support import compile_threads, vocabulary_support
 
@@ -291,6 +292,25 @@ def byte_vocab() -> Vocabulary:
 @pytest.fixture(scope="module")
 def byte_compiler(byte_vocab: Vocabulary) -> Compiler:
     return Compiler(byte_vocab)
+
+
+def test_prepare_schemas_builds_the_pieces_of_string_enums(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After prepare_schemas, the first schema with an enum of strings builds no token pieces
+    (a server's first request does not pay for them)."""
+    vocab = byte_vocabulary([b'"a', b'a"', b"ab"])  # (a vocabulary no other test prepared)
+    prepare_schemas(vocab)
+    built: list[tuple[bytes, bytes]] = []
+    original = support_module.Pieces.__init__
+
+    def counted(self: Any, support: Any, first: bytes, last: bytes) -> None:
+        built.append((first, last))
+        original(self, support, first, last)
+
+    monkeypatch.setattr(support_module.Pieces, "__init__", counted)
+    Compiler(vocab).compile_json_schema({"enum": ["a", "ab", "b"]}, min_enum_values=1)
+    assert built == []
+    Compiler(vocab).compile_json_schema({"enum": [1, 2, 3]}, min_enum_values=1)
+    assert built == [(b"123", b"123")]
 
 
 @pytest.mark.parametrize("any_whitespace", [False, True])
