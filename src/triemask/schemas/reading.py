@@ -95,7 +95,6 @@ _UNENFORCED = {
     "$dynamicRef": None,
     "$recursiveRef": None,
 }
-_NEEDS_ESCAPE = re.compile('["\\\\\x00-\x1f\x7f]')
 XGRAMMAR_ANNOTATIONS = (
     "title",
     "description",
@@ -845,6 +844,13 @@ def _reachable_definitions(schema: dict[str, Any]) -> set[tuple[str, ...]]:
     return found
 
 
+def _needs_escape(text: str) -> bool:
+    """Whether ``text`` holds a character JSON spells escaped (a control, a quote, a backslash;
+    DEL, as xgrammar escapes it): the bytes that need none deleted, what is left tells (10x
+    faster than a regular expression over the 3,000 values of an enum)."""
+    return bool(text.encode("utf-8", "surrogatepass").translate(None, _UNESCAPED_BYTES))
+
+
 def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
     """The JSON text of each value, as the structural engine spells it.
 
@@ -853,15 +859,14 @@ def json_texts(values: tuple[Any, ...], path: str) -> list[bytes]:
     and null: the text xgrammar itself prints for them (it reformats numbers: ``1.0``
     is ``1``, ``1e20`` is ``1e+20``), read from the grammar it builds.
     """
-    # the common case: every text is its value in quotes (one encode, no NUL inside; the check
-    # deletes the bytes that need no escape: 10x faster than the regular expression)
-    if all_strings(values) and not "".join(values).encode("utf-8", "surrogatepass").translate(None, _UNESCAPED_BYTES):
+    # the common case: every text is its value in quotes (one encode, no NUL inside)
+    if all_strings(values) and not _needs_escape("".join(values)):
         return ('"' + '"\x00"'.join(values) + '"').encode("utf-8").split(b"\x00")
     texts: list[bytes | None] = []
     others: list[Any] = []
     for value in values:
         if isinstance(value, str):
-            if _NEEDS_ESCAPE.search(value) is None:  # most values: the text is the value in quotes
+            if not _needs_escape(value):  # most values: the text is the value in quotes
                 texts.append(f'"{value}"'.encode())
             else:
                 texts.append(json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f").encode("utf-8"))
