@@ -55,6 +55,8 @@ from triemask.schemas.structure import (
     VALUE_FIRST,
     controls_in_strings,
     controls_in_strings_reference,
+    plain_strings,
+    plain_strings_refuse_controls,
     value_end_offsets,
     value_ends,
     value_start_offsets,
@@ -653,6 +655,100 @@ def test_controls_in_strings_reads_xgrammars_grammars(schema: dict[str, Any], co
         text = str(xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=any_whitespace))
         assert controls_in_strings_reference(text) is controls
         assert controls_in_strings(text) is controls
+
+
+_PLAIN_OPTIONS = {"indent": None, "separators": None}
+
+
+@pytest.mark.parametrize(
+    ("schema", "plain"),
+    [
+        ({"type": "object", "properties": {"a": {"type": "array", "items": {"type": "number", "minimum": 1}}}}, True),
+        ({"type": "object", "properties": {"format": {"enum": ["a", "b"]}, "pattern": {}}}, True),  # property names
+        ({"type": "object", "additionalProperties": True, "properties": {"k": {"const": "v w"}}}, True),
+        ({"type": "string", "maxLength": 5}, False),
+        ({"type": "string", "minLength": 1}, False),
+        ({"type": "string", "pattern": "^a.b$"}, False),
+        ({"type": "string", "format": "email"}, False),
+        ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}}, False),
+        ({"type": "object", "propertyNames": {"maxLength": 3}}, False),
+        ({"type": "object", "properties": {"a\u0001": {"type": "string"}}, "additionalProperties": True}, False),
+        ({"const": 'a"b'}, False),  # (an escape: read from the grammar)
+    ],
+)
+def test_plain_strings_reads_the_schema_text(schema: dict[str, Any], plain: bool) -> None:
+    import xgrammar
+
+    text = json.dumps(schema)
+    assert plain_strings(text, _PLAIN_OPTIONS) is plain
+    assert not plain_strings(text, {"indent": 2, "separators": None})
+    assert not plain_strings(text, {"indent": None, "separators": (",", ":")})
+    for any_whitespace in (False, True):
+        for strict_mode in (False, True):
+            printed = str(
+                xgrammar.Grammar.from_json_schema(text, any_whitespace=any_whitespace, strict_mode=strict_mode)
+            )
+            assert not (plain and controls_in_strings(printed))
+    assert plain_strings_refuse_controls()
+
+
+_NAMES = st.one_of(
+    st.text(st.characters(exclude_categories=("Cs",)), max_size=3),
+    st.sampled_from(["format", "pattern", "type", "\x01", "a\x1fb", 'q"', "\\"]),
+)
+_LEAVES = st.one_of(
+    st.sampled_from(
+        [
+            {"type": "string"},
+            {"type": "string", "maxLength": 4},
+            {"type": "string", "minLength": 1},
+            {"type": "string", "format": "email"},
+            {"type": "string", "pattern": "[^x]*"},
+            {"type": "number", "minimum": 1},
+            {"type": "integer", "maximum": 9},
+            {"type": "boolean"},
+            {},
+        ]
+    ),
+    st.builds(lambda value: {"const": value}, st.text(st.characters(exclude_categories=("Cs",)), max_size=4)),
+    st.builds(lambda values: {"enum": values}, st.lists(st.text(max_size=3) | st.integers(), min_size=1, max_size=3)),
+)
+_SCHEMAS = st.recursive(
+    _LEAVES,
+    lambda inner: st.one_of(
+        st.builds(
+            lambda properties, more: {"type": "object", "properties": properties, "additionalProperties": more},
+            st.dictionaries(_NAMES, inner, max_size=3),
+            st.booleans() | inner,
+        ),
+        st.builds(lambda items: {"type": "array", "items": items}, inner),
+        st.builds(lambda branches: {"anyOf": branches}, st.lists(inner, min_size=1, max_size=3)),
+        st.builds(lambda names: {"type": "object", "propertyNames": names}, inner),
+        st.builds(lambda keyed: {"type": "object", "patternProperties": {"^k": keyed}}, inner),
+    ),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(schema=_SCHEMAS)
+def test_plain_strings_never_hides_a_control(schema: dict[str, Any]) -> None:
+    """Where the schema's text says its strings are plain, xgrammar's printed grammar admits
+    no raw control in a string, whatever the property names, consts and nesting."""
+    import xgrammar
+
+    text = json.dumps(schema)
+    if not plain_strings(text, _PLAIN_OPTIONS):
+        return
+    for any_whitespace in (False, True):
+        for strict_mode in (False, True):
+            try:
+                grammar = xgrammar.Grammar.from_json_schema(
+                    text, any_whitespace=any_whitespace, strict_mode=strict_mode
+                )
+            except RuntimeError:  # (a schema xgrammar refuses: nothing to read)
+                continue
+            assert not controls_in_strings(str(grammar)), text
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,7 @@ from triemask import (
 )
 from triemask.datasets import load_tool_registry, tool_specs
 from triemask.schemas import clear_structure_cache, dispatch, prepare_schemas
+from triemask.schemas import compiled as compiled_module
 from triemask.schemas import support as support_module
 from triemask.schemas.reading import _without_annotations_reference, structure_text, without_annotations
 from triemask.schemas.support import compile_threads, vocabulary_support
@@ -1116,6 +1117,95 @@ def test_discriminated_unions_equal_the_whole_schema(
     )
     assert compared > 200 and tally["completed, strict JSON, valid"] >= 3, tally
     assert compiled.stats()["unions"][0]["choices_compiled"] >= 1
+
+
+def _masks_along(compiled: CompiledSchema, tokens: list[int] | None, seed: int, steps: int = 60) -> list[Any]:
+    """The allowed tokens at each step of a walk (``tokens``, else drawn from the masks,
+    biased to quotes: the boundaries of the unions' discriminators), and the tokens taken."""
+    rng = random.Random(seed)
+    matcher = Matcher(compiled)
+    masks, taken = [], []
+    for at in range(steps if tokens is None else len(tokens)):
+        allowed = matcher.allowed_token_ids().tolist()
+        masks.append(allowed)
+        if tokens is not None:
+            token = tokens[at]
+        elif not allowed:
+            break
+        else:
+            quoted = [t for t in allowed if b'"' in (compiled._vocab.token_bytes(t) or b"")]
+            token = rng.choice(quoted if quoted and rng.random() < 0.5 else allowed)
+        assert matcher.accept_token(token)
+        taken.append(token)
+        if matcher.is_terminated():
+            break
+    return [masks, taken]
+
+
+_AT_MOST_TWO = {  # the tokens that leave a discriminator differ between the calls: "}, only in the first
+    "type": "array",
+    "minItems": 1,
+    "maxItems": 2,
+    "items": {"anyOf": [{"properties": {"op": {"const": op}}, "required": ["op"]} for op in ("on", "off", "up")]},
+}
+
+
+@pytest.mark.parametrize("name", [*sorted(UNIONS), "compile_tools", "at most two calls"])
+def test_what_follows_a_switching_value_is_kept_exactly(
+    byte_compiler: Compiler, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What follows a union's discriminator or a tool's name is kept (the tokens that leave
+    the value by the compiled schema, the configurations after it by the chosen schema) and
+    handed out as forks, and the chosen branch's schema reads the output before it at once
+    where no field can be entered there: masks along walks equal those of schemas that keep
+    nothing and feed the output token by token, walk after walk on one compiled schema, and
+    from several threads at once."""
+    from triemask.schemas.engine import SchemaEngine
+
+    at_once = []
+    original = SchemaEngine._enters_field
+
+    def counted(self: SchemaEngine, matcher: Any, text: bytes) -> bool:
+        found = original(self, matcher, text)
+        at_once.append(not found)
+        return found
+
+    def compiled() -> CompiledSchema:
+        options = {"any_whitespace": False, "min_enum_values": 2, "min_union_branches": 2}
+        if name == "compile_tools":
+            return byte_compiler.compile_tools(TOOLS, any_whitespace=False, min_enum_values=2)
+        if name == "at most two calls":
+            return Compiler(byte_vocabulary([*MERGES, b'"},', b'"}]'])).compile_json_schema(_AT_MOST_TWO, **options)
+        return byte_compiler.compile_json_schema(UNIONS[name], **options)
+
+    monkeypatch.setattr(SchemaEngine, "_enters_field", counted)
+    kept = compiled()
+    both = list(b'[{"op": "up"}, {"op": "up"}]')  # (one byte a token: the second "up" left as the first was)
+    walks = [_masks_along(kept, both if name == "at most two calls" else None, 0)]
+    walks += [_masks_along(kept, None, seed) for seed in range(1, 6)]
+    assert len(kept._exit_rows) > 0  # (the tokens that left the values chosen)
+    if name in ("vLLM tool_choice=required (a union under items)", "OpenAI-style events, each element a union"):
+        assert any(at_once), "the chosen branch never read the output at once"
+    again = [_masks_along(kept, taken, 0) for _, taken in walks]  # (what the first walks kept)
+    assert [masks for masks, _ in again] == [masks for masks, _ in walks]
+    found: dict[int, Any] = {}
+    threads = [
+        threading.Thread(target=lambda i=i: found.setdefault(i, _masks_along(kept, walks[i][1], 0)))
+        for i in range(len(walks))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [found[i][0] for i in range(len(walks))] == [masks for masks, _ in walks]
+    # the reference: nothing kept (nothing fits), the output before a value fed token by token
+    monkeypatch.setattr(SchemaEngine, "_enters_field", lambda self, matcher, text: bool(self._fields))
+    monkeypatch.setattr(compiled_module, "EXIT_ROWS_BYTES", 0)
+    monkeypatch.setattr(compiled_module, "KEPT_AFTER_BYTES", 0)
+    clear_structure_cache()
+    alone = compiled()
+    assert [_masks_along(alone, taken, 0)[0] for _, taken in walks] == [masks for masks, _ in walks]
+    assert len(alone._exit_rows) == len(alone._kept) == 0
 
 
 def test_unions_a_trie_cannot_decide_stay_xgrammars() -> None:

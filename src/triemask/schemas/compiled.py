@@ -71,7 +71,7 @@ from ..base import (
 )
 from ..sets import SetCompiler
 from ..vocab import Vocabulary
-from .engine import SchemaEngine
+from .engine import EXIT_ROWS_BYTES, KEPT_AFTER_BYTES, SchemaEngine
 from .fields import (
     Field,
     SchemaOptions,
@@ -87,7 +87,7 @@ from .fields import (
     text_array,
 )
 from .reading import UnionChoice, dispatch, json_texts, load_schema, structure_text, union_values
-from .structure import Configuration, controls_in_strings, field_sentinel, structure_grammar
+from .structure import Configuration, controls_in_strings, field_sentinel, plain_strings, structure_grammar
 from .support import Skeleton, require_xgrammar, vocabulary_support
 
 DEFAULT_CHOICE_CACHE_BYTES = 256 << 20
@@ -153,9 +153,8 @@ class CompiledSchema(SchemaEngine):
                 grammar = support.schema_compiler.compile_json_schema(text, **options.structure())
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
-            cached = support.keep_skeleton(
-                skeleton, Skeleton("", (), grammar, controls_in_strings(str(grammar.grammar)))
-            )
+            controls = not plain_strings(text, options.structure()) and controls_in_strings(str(grammar.grammar))
+            cached = support.keep_skeleton(skeleton, Skeleton("", (), grammar, controls))
         if cached is None:
             try:
                 ebnf = str(xgrammar.Grammar.from_json_schema(text, **options.structure()))
@@ -174,9 +173,8 @@ class CompiledSchema(SchemaEngine):
                 fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, placeholder))
         if cached is None:
             grammar = support.grammar_compiler.compile_grammar(structure_grammar(ebnf, field_sentinels(fields)))
-            cached = support.keep_skeleton(
-                skeleton, Skeleton(ebnf, tuple(placeholders), grammar, controls_in_strings(ebnf))
-            )
+            controls = not plain_strings(text, options.structure()) and controls_in_strings(ebnf)
+            cached = support.keep_skeleton(skeleton, Skeleton(ebnf, tuple(placeholders), grammar, controls))
         self._ebnf = ebnf  # "" without trie fields: the compiled grammar's own text, when saved
         unions = {k: site for site, k in zip(sites, numbers, strict=True) if site.union is not None}
         self._unions_ready(
@@ -276,12 +274,22 @@ class CompiledSchema(SchemaEngine):
         return chosen._configurations_after(bytes(value_start) + text)
 
     def _configurations_after(self, text: bytes) -> list[Configuration]:
-        """The configurations after ``text`` from the start, every reading: ``text`` fed token
-        by token (single-byte tokens where the vocabulary has them, else the longest token
-        there), each token as a step feeds it, so fields entered and left inside ``text`` (an
-        enum in an earlier element of the array) are followed as the decoding follows them."""
+        """The configurations after ``text`` from the start, every reading (kept per text:
+        :meth:`_kept_after`)."""
+        return self._kept_after(text, self._read_after)
+
+    def _read_after(self, text: bytes) -> list[Configuration]:
+        """:meth:`_configurations_after`, read. Where no field can be entered inside ``text``
+        (the usual case: the union's element is the first, or the earlier ones hold no trie
+        field), the structure's matcher reads it at once; else ``text`` is fed token by token
+        (single-byte tokens where the vocabulary has them, else the longest token there), each
+        token as a step feeds it, so fields entered and left inside ``text`` (an enum in an
+        earlier element of the array) are followed as the decoding follows them."""
+        (start,) = self._initial()
+        if not self._enters_field(start.matcher, text):  # (xgrammar reads bytes, not tokens)
+            return [start] if start.matcher.accept_string(text) else []
         token_ids = self._support.token_ids
-        configurations, before, at = self._initial(), b"", 0
+        configurations, before, at = [start], b"", 0
         while at < len(text) and configurations:
             size = (
                 1
@@ -301,6 +309,9 @@ class CompiledSchema(SchemaEngine):
         ``controls``: the grammar may admit a raw control character in a string."""
         self._fields = tuple(fields)
         self._grammar = grammar
+        self._exit_rows = BoundedLRU(EXIT_ROWS_BYTES)
+        self._kept = BoundedLRU(KEPT_AFTER_BYTES)
+        self._kept_lock = threading.Lock()
         self._crossing: frozenset[int] = frozenset().union(*(f.crossing for f in fields))
         # the C steps inside values need every field's kernel (else they are the reference's)
         native = tuple((native_kernel(f.automaton), step_flags(f), exit_tables(f)) for f in fields)

@@ -2,16 +2,29 @@
 
 from __future__ import annotations
 
+import threading
 from bisect import bisect_left
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from ..automata import DEAD
+from ..base import BoundedLRU
 from .fields import Field
 from .structure import STRUCT, Configuration, value_end_offsets, value_start_offsets
 from .support import VocabularySupport
+
+EXIT_ROWS_BYTES = 16 << 20
+"""Bound, per compiled schema, on the tokens that leave a value which switches schemas (a
+tool's name, a union's discriminator), kept for every request by the value and the output
+before it (:meth:`SchemaEngine._fill_exits`)."""
+KEPT_AFTER_BYTES = 256 << 10
+"""Bound, per compiled schema, on the configurations kept after the texts it was fed from its
+start (:meth:`SchemaEngine._kept_after`: a union's choice, a tool's arguments)."""
+_AFTER_BYTES = 4096  # (a kept entry's size beside its text: the configurations' matchers)
+_TOKENS_BYTES = 64  # (an exit row's beside its key's bytes and its array's)
 
 
 class SchemaEngine:
@@ -25,6 +38,9 @@ class SchemaEngine:
     _crossing: frozenset[int]
     _fields_by_prefix: dict[int, list[int]]
     _starts_first: bytes
+    _exit_rows: BoundedLRU[tuple[int, int, int, bytes], npt.NDArray[np.int64]]  # under _kept_lock
+    _kept: BoundedLRU[bytes, list[Configuration]]  # under _kept_lock
+    _kept_lock: threading.Lock
 
     def _initial(self) -> list[Configuration]:
         import xgrammar
@@ -38,6 +54,21 @@ class SchemaEngine:
         (``value_start``: the output before the value). The matcher is already past
         the sentinel: the structure resumes where it is."""
         return [Configuration(self, matcher, STRUCT, 0, b"", None)]
+
+    def _kept_after(self, text: bytes, read: Callable[[bytes], list[Configuration]]) -> list[Configuration]:
+        """The configurations after ``text`` from this schema's start (``read(text)``), read
+        once per text and handed out as forks (the steps advance their matchers in place):
+        what follows a tool's name or a union's discriminator depends on the value and the
+        output before it alone, the same in every request (``[{"name": `` before each
+        tool's name). Kept with this schema, so they go when a cache evicts it."""
+        with self._kept_lock:
+            found = self._kept.get(text)
+        if found is None:  # (read outside the lock: a slow read holds up no other text)
+            found = read(text)
+            with self._kept_lock:
+                found = self._kept.setdefault(text, found, _AFTER_BYTES + len(text))
+        with self._kept_lock:  # (forks of one matcher, one at a time)
+            return [c._replace(matcher=c.matcher.fork(), cache=None if c.cache is None else {}) for c in found]
 
     def _settle(
         self, matcher: Any, k: int, node: int, value_start: bytes, cache: dict[Any, Any]
@@ -75,6 +106,22 @@ class SchemaEngine:
                         for config in self._exit(entered, k, value_node, value_start):
                             found += config.schema._feed(config.matcher, piece[i:], value_start + piece[:i])
         return found
+
+    def _enters_field(self, matcher: Any, text: bytes) -> bool:
+        """Whether some field may begin inside ``text`` read from the structural ``matcher``
+        (not modified): at a place where a value may start, with a byte a field's values
+        start with, the structure so far takes the field's sentinel. If not, the structure
+        alone reads ``text``. One pass, one fork per such place and field."""
+        if not self._fields:
+            return False
+        probe, fed = matcher.fork(), 0
+        for j in value_start_offsets(text, self._starts_first):
+            if j > fed and not probe.accept_string(text[fed:j]):
+                return False  # (the structure refuses, and no field was entered before)
+            fed = j
+            if any(text[j] in f.first and probe.fork().accept_string(f.sentinel) for f in self._fields):
+                return True
+        return False
 
     def _feasible(self, matcher: Any, data: bytes, before: bytes | bytearray) -> bool:
         """Whether ``data`` can follow a structural configuration (the masks' question:
@@ -171,22 +218,45 @@ class SchemaEngine:
         row: npt.NDArray[np.int32],
     ) -> None:
         """Add the tokens whose head ``piece`` ends field ``k``'s value and whose rest
-        the structure accepts after it."""
+        the structure accepts after it. Where the value switches schemas, they depend on
+        the value and the output before it alone: kept per schema, for every request."""
+        if not self._switches(k):
+            _set_bits(row, self._exit_tokens(matcher, k, piece, value_node, value_start, cache))
+            return
+        key = (k, piece, value_node, bytes(value_start))
+        with self._kept_lock:
+            tokens = self._exit_rows.get(key)
+        if tokens is None:
+            tokens = self._exit_tokens(matcher, k, piece, value_node, value_start, cache)
+            with self._kept_lock:
+                self._exit_rows.put(key, tokens, _TOKENS_BYTES + len(value_start) + tokens.nbytes)
+        _set_bits(row, tokens)
+
+    def _exit_tokens(
+        self,
+        matcher: Any,
+        k: int,
+        piece: int,
+        value_node: int,
+        value_start: bytes,
+        cache: dict[Any, Any],
+    ) -> npt.NDArray[np.int64]:
+        """The tokens of :meth:`_fill_exits`."""
         pieces = self._fields[k].pieces
         lo, hi = int(pieces.head_offsets[piece]), int(pieces.head_offsets[piece + 1])
         tokens = pieces.head_tokens[lo:hi]
         # What follows the value: the same for every value, except where the value
         # picks the grammar that follows (a tool's arguments). Computed once per value.
         key = value_node if self._switches(k) else -1
-        found = cache.get(key)
-        if found is None:
+        following = cache.get(key)
+        if following is None:
             after_configs = self._exit(matcher, k, value_node, value_start)
             after = None
             if len(after_configs) == 1 and after_configs[0].field == STRUCT:
                 after = np.zeros(self._support.xgr_width, dtype=np.int32)
                 after_configs[0].matcher.fill_next_token_bitmask(after.reshape(1, -1))
-            found = cache[key] = (after_configs, after)
-        after_configs, after = found
+            following = cache[key] = (after_configs, after)
+        after_configs, after = following
         if after is not None:
             # one gather for three questions per head: is the rest a token the structure
             # takes; is its longest token prefix refused; may a value start in it again
@@ -194,10 +264,10 @@ class SchemaEngine:
             safe = np.maximum(ids, 0)
             bits = (ids >= 0) & ((after[safe >> 5] >> (safe & 31)) & 1).astype(bool)
             ok, alone, again = bits[0], bits[1] | (ids[1] < 0), bits[2] | (ids[2] == -1)
-            _set_bits(row, tokens[ok])
+            found: list[npt.NDArray[np.int64]] = [tokens[ok]]
             probe = ~ok & ((alone & (ids[0] < 0)) | again)
         else:
-            probe = np.ones(hi - lo, dtype=bool)
+            found, probe = [], np.ones(hi - lo, dtype=bool)
         for h in (lo + np.flatnonzero(probe)).tolist():
             token, end = int(pieces.head_tokens[h]), int(pieces.head_ends[h])
             data = self._support.tokens[token]
@@ -209,7 +279,8 @@ class SchemaEngine:
                     c.schema._feasible(c.matcher, rest, value_start + data[:end]) for c in after_configs
                 )
             if verdict:
-                _set_bits(row, np.array([token]))
+                found.append(np.array([token]))
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
 
     def _switches(self, k: int) -> bool:
         """Whether leaving field ``k`` moves to another schema (the tool name of compile_tools)."""

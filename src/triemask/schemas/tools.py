@@ -234,10 +234,14 @@ class CompiledTools(CompiledSchema):
         text = self._fields[k].automaton.value_of(node)
         assert isinstance(text, bytes)
         arguments = self.arguments_schema(self._by_text[text])
+
         # the chosen tool's own grammar takes over, from its start, after the text so far
         # (the call's name an empty string in it: {"name": "", "arguments": ...})
-        start = arguments._initial()[0]
-        return arguments._feed(start.matcher, bytes(value_start) + b'""', b"")
+        def read(after: bytes) -> list[Configuration]:
+            (start,) = arguments._initial()
+            return arguments._feed(start.matcher, after, b"")
+
+        return arguments._kept_after(bytes(value_start) + b'""', read)
 
     def __repr__(self) -> str:
         return f"CompiledTools({len(self._tools)} tools, vocab_size={self.vocab_size})"
