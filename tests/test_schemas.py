@@ -1208,6 +1208,23 @@ def test_what_follows_a_switching_value_is_kept_exactly(
     assert len(alone._exit_rows) == len(alone._kept) == 0
 
 
+def test_a_choice_that_ends_the_array_holds_no_union(byte_compiler: Compiler) -> None:
+    """Where ``maxItems`` allows no element after the chosen one, the choice drops the union
+    (``items`` false: the same grammar in xgrammar), so no trie field is left for it (without
+    any, the choice compiles through xgrammar's caches); before that, the next element is a
+    union again."""
+    options = {"any_whitespace": False, "min_enum_values": 2, "min_union_branches": 2}
+    single = byte_compiler.compile_json_schema(UNIONS["vLLM, parallel_tool_calls=False"], **options)
+    choice = single._choice(0, 1)
+    assert choice.schema["items"] is False and not choice.stats()["unions"]
+    assert all(f["paths"][0].startswith("$.prefixItems[0].") for f in choice.stats()["trie_fields"])
+    two = Compiler(byte_vocabulary([*MERGES, b'"},', b'"}]'])).compile_json_schema(_AT_MOST_TWO, **options)
+    first = two._choice(0, 2)
+    assert len(first.schema["prefixItems"]) == 1 and first.stats()["unions"]
+    second = first._choice(0, 0)
+    assert second.schema["items"] is False and not second.stats()["unions"] and not second.stats()["trie_fields"]
+
+
 def test_unions_a_trie_cannot_decide_stay_xgrammars() -> None:
     def branch(first: str, value: Any, required: bool = True) -> dict[str, Any]:
         return {

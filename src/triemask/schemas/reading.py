@@ -145,8 +145,9 @@ class UnionChoice:
     itself, which occurs at most once in any instance (``repeated`` False), or the array whose
     ``items`` it is (``repeated`` True: each element after the array's ``prefixItems`` chooses
     anew). A choice compiles the schema with the union replaced by the chosen branch, or with
-    the branch appended to the array's ``prefixItems``: the language of the union for that
-    discriminator value, exactly."""
+    the branch appended to the array's ``prefixItems`` (and ``items`` false where ``maxItems``
+    allows no element after it): the language of the union for that discriminator value,
+    exactly."""
 
     pointer: Pointer
     key: str
@@ -176,6 +177,11 @@ class UnionChoice:
             parent = parent[step]
         if self.repeated:  # (parent: the array)
             parent["prefixItems"] = [*parent.get("prefixItems", []), choice]
+            bound = parent.get("maxItems")
+            if type(bound) is int and bound <= len(parent["prefixItems"]):
+                # no element can follow (vLLM's parallel_tool_calls=False): the union is out of
+                # reach, so the choice has no trie field and compiles through xgrammar's caches
+                parent["items"] = False
         else:
             parent[self.pointer[-1]] = choice
         return copied
