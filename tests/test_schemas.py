@@ -46,6 +46,7 @@ from triemask.datasets import load_tool_registry, tool_specs
 from triemask.schemas import clear_structure_cache, dispatch, prepare_schemas
 from triemask.schemas import compiled as compiled_module
 from triemask.schemas import support as support_module
+from triemask.schemas.engine import SchemaEngine
 from triemask.schemas.reading import _without_annotations_reference, structure_text, without_annotations
 from triemask.schemas.support import compile_threads, vocabulary_support
 
@@ -1119,12 +1120,15 @@ def test_discriminated_unions_equal_the_whole_schema(
     assert compiled.stats()["unions"][0]["choices_compiled"] >= 1
 
 
-def _masks_along(compiled: CompiledSchema, tokens: list[int] | None, seed: int, steps: int = 60) -> list[Any]:
+def _masks_along(
+    compiled: CompiledSchema, tokens: list[int] | None, seed: int, steps: int = 60
+) -> tuple[list[list[int]], list[int]]:
     """The allowed tokens at each step of a walk (``tokens``, else drawn from the masks,
     biased to quotes: the boundaries of the unions' discriminators), and the tokens taken."""
     rng = random.Random(seed)
     matcher = Matcher(compiled)
-    masks, taken = [], []
+    masks: list[list[int]] = []
+    taken: list[int] = []
     for at in range(steps if tokens is None else len(tokens)):
         allowed = matcher.allowed_token_ids().tolist()
         masks.append(allowed)
@@ -1139,7 +1143,7 @@ def _masks_along(compiled: CompiledSchema, tokens: list[int] | None, seed: int, 
         taken.append(token)
         if matcher.is_terminated():
             break
-    return [masks, taken]
+    return masks, taken
 
 
 _AT_MOST_TWO = {  # the tokens that leave a discriminator differ between the calls: "}, only in the first
@@ -1160,8 +1164,6 @@ def test_what_follows_a_switching_value_is_kept_exactly(
     where no field can be entered there: masks along walks equal those of schemas that keep
     nothing and feed the output token by token, walk after walk on one compiled schema, and
     from several threads at once."""
-    from triemask.schemas.engine import SchemaEngine
-
     at_once = []
     original = SchemaEngine._enters_field
 
@@ -1180,7 +1182,7 @@ def test_what_follows_a_switching_value_is_kept_exactly(
 
     monkeypatch.setattr(SchemaEngine, "_enters_field", counted)
     kept = compiled()
-    both = list(b'[{"op": "up"}, {"op": "up"}]')  # (one byte a token: the second "up" left as the first was)
+    both = list(b'[{"op": "up"}, {"op": "up"}]')  # (byte tokens: the second call ends the array, the first not)
     walks = [_masks_along(kept, both if name == "at most two calls" else None, 0)]
     walks += [_masks_along(kept, None, seed) for seed in range(1, 6)]
     assert len(kept._exit_rows) > 0  # (the tokens that left the values chosen)
