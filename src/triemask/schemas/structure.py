@@ -31,8 +31,8 @@ xgrammar's own compile of the union is the larger wait, from about 128 branches.
 
 _FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
 VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
-_VALUE_AFTER = b":,["  # the structure a value can follow (then whitespace)
-_JSON_WHITESPACE = b" \t\n\r"
+_VALUE_AFTER = frozenset(b":,[")  # the structure a value can follow (then whitespace)
+_WHITESPACE_CODES = frozenset(b" \t\n\r")  # JSON's whitespace
 SENTINEL_LEAD = 0xFF  # never in UTF-8, so in no text of the structure's language
 BEGIN_NO_CHARACTER = bytes([*range(0x80, 0xC2), *range(0xF5, 0x100)])
 """The bytes that begin no UTF-8 character (RFC 3629: continuation bytes, the overlong leads
@@ -55,7 +55,7 @@ def value_start_offsets(token: bytes, first: bytes) -> list[int]:
     for j, c in enumerate(token):
         if after_structure and c in first:
             found.append(j)
-        if c not in _JSON_WHITESPACE:
+        if c not in _WHITESPACE_CODES:
             after_structure = c in _VALUE_AFTER
     return found
 
@@ -120,7 +120,7 @@ def _byte_set(members: bytes) -> npt.NDArray[np.bool_]:
     return table
 
 
-_WHITESPACE = _byte_set(b" \t\n\r")
+_WHITESPACE = _byte_set(bytes(_WHITESPACE_CODES))
 
 
 def value_end_offsets(token: bytes, last: bytes) -> list[int]:
@@ -217,7 +217,6 @@ def structure_grammar(ebnf: str, sentinels: dict[str, bytes]) -> Any:
 _EBNF_NAMED = {"n": 0x0A, "r": 0x0D, "t": 0x09, "0": 0x00, "b": 0x08, "f": 0x0C, "v": 0x0B, "a": 0x07, "e": 0x1B}
 _EBNF_HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
 _EBNF_BETWEEN = frozenset("_ \t\n\r:=|()*+?{},-")
-_WHITESPACE_CODES = frozenset(b" \t\n\r")
 
 
 def _ebnf_code(text: str, at: int) -> tuple[int, int] | None:
