@@ -171,10 +171,55 @@ def test_inconsistent_files_are_refused(byte_vocab: Vocabulary, byte_compiler: C
         CompiledSchema.load(path, vocab=byte_vocab)
 
 
-def test_a_grammar_xgrammar_no_longer_reads_is_compiled_again(
-    byte_vocab: Vocabulary, byte_compiler: Compiler, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+# a structure whose strings admit a raw control (xgrammar's "." takes one), beside an enum
+CONTROLS_AND_ENUM = {
+    "type": "object",
+    "properties": {"note": {"type": "string", "pattern": "a.b"}, "name": {"enum": ["get", "put", "post"]}},
+    "required": ["note", "name"],
+}
+
+
+def _header(path: Path) -> dict[str, Any]:
+    length = struct.unpack_from("<I", path.read_bytes(), 12)[0]
+    header: dict[str, Any] = json.loads(path.read_bytes()[64 : 64 + length])
+    return header
+
+
+def test_a_fields_entry_begins_with_a_control_only_where_no_string_holds_one(
+    byte_vocab: Vocabulary, byte_compiler: Compiler, tmp_path: Path
 ) -> None:
-    schema = SCHEMAS["adjacent enums"]
+    """The sentinels' lead: 0x01 (a grammar xgrammar compiles from its text, through its caches)
+    where no string of the structure admits a raw control, else 0xFF; a file whose sentinels
+    begin with 0x01 over a structure whose strings admit controls (a string could forge the
+    field's entry there) is refused."""
+    path = tmp_path / "schema.tm"
+    for schema, lead in (
+        (SCHEMAS["enum first"], "01"),
+        (SCHEMAS["formats and patterns"], "01"),
+        (CONTROLS_AND_ENUM, "ff"),
+    ):
+        byte_compiler.compile_json_schema(schema, min_enum_values=2).save(path)
+        assert {f["sentinel"][:2] for f in _header(path)["meta"]["fields"]} == {lead}, schema
+
+    def control_leads(header: dict[str, Any]) -> None:
+        for field in header["meta"]["fields"]:
+            field["sentinel"] = "01" + field["sentinel"][2:]
+
+    _rewrite(path, control_leads)
+    with pytest.raises(AutomatonFileError, match="do not fit its structure's grammar") as raised:
+        CompiledSchema.load(path, vocab=byte_vocab)
+    assert raised.value.field == "sentinel"
+
+
+@pytest.mark.parametrize("schema", [SCHEMAS["adjacent enums"], CONTROLS_AND_ENUM], ids=["lead 0x01", "lead 0xFF"])
+def test_a_grammar_xgrammar_no_longer_reads_is_compiled_again(
+    byte_vocab: Vocabulary,
+    byte_compiler: Compiler,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    schema: dict[str, Any],
+) -> None:
+    """From the structure's text, with either lead of the fields' sentinels."""
     compiled = byte_compiler.compile_json_schema(schema, min_enum_values=2, any_whitespace=False)
     compiled.save(tmp_path / "schema.tm")
 

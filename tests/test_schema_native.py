@@ -312,7 +312,7 @@ def test_step_tables_are_checked(vocab: Vocabulary) -> None:
 
 
 # Tokens that glue structure, whitespace, value bytes, control bytes and bytes that are not UTF-8.
-_GLUE = st.lists(st.sampled_from([*b' \t\n"{}[],:\\a0-tn\x01\xed\xa0\xc3\xa9\xff']), max_size=8).map(bytes)
+_GLUE = st.lists(st.sampled_from([*b' \t\n"{}[],:\\a0-tn\x01\x1f\xed\xa0\xc3\xa9\xff']), max_size=8).map(bytes)
 
 
 @settings(max_examples=60, deadline=None)
@@ -361,11 +361,12 @@ def test_vocabulary_preparation_equals_the_per_token_reference(tokens: list[byte
         for state, row in enumerate(refused & ~np.isin(why, dropped) & ~(begins_none & left)):
             kept = np.unpackbits(rows[state].view(np.uint8), bitorder="little")[: len(texts)]
             assert np.array_equal(kept, ~row)
-    # why, by hand: a control byte inside a string, a byte outside one, the sentinel's lead byte
+    # why, by hand: a control byte inside a string, a byte outside one, the sentinels' lead bytes
     for text, state, reason in [
         (b"a\n", 1, REFUSED_CONTROL),
         (b"\\\t", 1, REFUSED_CONTROL),
-        (b"\x01", 0, REFUSED_OUTSIDE),
+        (b"\x1f", 0, REFUSED_OUTSIDE),
+        (b"\x01", 0, REFUSED_ANYWHERE),
         (b"\xff", 0, REFUSED_ANYWHERE),
         (b"\xed\xa0", 1, REFUSED_ANYWHERE),
     ]:

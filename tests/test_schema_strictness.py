@@ -197,7 +197,8 @@ def test_raw_control_bytes_and_surrogates_are_refused_in_strings(
 
 
 def test_saved_schemas_from_before_are_refused(strict_compiler: Compiler, tmp_path: Any) -> None:
-    """A file whose fields carry the old 0x01 sentinels (forgeable) is refused, never served."""
+    """A file whose fields carry 0x01 sentinels over strings that admit raw controls (forgeable
+    there: files from before issue 23) is refused, never served."""
     compiled = strict_compiler.compile_json_schema(object_of(["bounded", "enum"]), min_enum_values=2)
     meta, arrays = compiled._file_parts()
     for entry in meta["fields"]:

@@ -7,7 +7,11 @@ followed by bytes naming the field. ``0xFF`` is not UTF-8: xgrammar's character 
 and regexes match only UTF-8 (a free string's ``[^"\\\r\n]`` included), and its EBNF
 literals are code points spelled in UTF-8, so no text the structure's language holds can
 contain it and the sentinel is accepted exactly where a field's value goes
-(:func:`check_entry_unforgeable` checks the installed xgrammar once per process).
+(:func:`check_entry_unforgeable` checks the installed xgrammar once per process). Where
+no string or literal of the grammar admits a raw control character (most schemas), the
+sentinel begins with byte ``0x01`` instead, which no text of that language holds either
+and which xgrammar's EBNF spells: the grammar compiles from its text through xgrammar's
+caches (:data:`~.structure.CONTROL_SENTINEL_LEAD`).
 
 A decoding state is a small set of *configurations*, usually one:
 
@@ -28,8 +32,8 @@ at compile time, by the same linear pass as whole tokens, so at run time:
 
 * the mask of ``STRUCT`` is xgrammar's, plus the tokens entering an enum after a
   structural prefix ``p``. xgrammar's vocabulary carries one extra token ``p + 0xFF``
-  per such prefix, so the same mask fill says which prefixes an enum can follow;
-  those are confirmed per site with ``accept_string(p + sentinel)``;
+  (or ``p + 0x01``: one vocabulary per lead) per such prefix, so the same mask fill says
+  which prefixes an enum can follow; those are confirmed per site with ``accept_string(p + sentinel)``;
 * the mask of ``ENUM`` is the trie's, plus the tokens that complete the value and go
   on (checked with the structural grammar after the sentinel);
 * when a configuration is ambiguous (a union of an enum and a free string), every
@@ -87,7 +91,14 @@ from .fields import (
     text_array,
 )
 from .reading import UnionChoice, dispatch, json_texts, load_schema, structure_text, union_values
-from .structure import Configuration, controls_in_strings, field_sentinel, plain_strings, structure_grammar
+from .structure import (
+    CONTROL_SENTINEL_LEAD,
+    SENTINEL_LEAD,
+    Configuration,
+    controls_in_strings,
+    field_sentinel,
+    plain_strings,
+)
 from .support import Skeleton, require_xgrammar, vocabulary_support
 
 DEFAULT_CHOICE_CACHE_BYTES = 256 << 20
@@ -154,27 +165,28 @@ class CompiledSchema(SchemaEngine):
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
             controls = not plain_strings(text, options.structure()) and controls_in_strings(str(grammar.grammar))
-            cached = support.keep_skeleton(skeleton, Skeleton("", (), grammar, controls))
+            cached = support.keep_skeleton(skeleton, Skeleton("", (), grammar, controls, SENTINEL_LEAD))
         if cached is None:
             try:
                 ebnf = str(xgrammar.Grammar.from_json_schema(text, **options.structure()))
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
             placeholders = [site.placeholder for site in sites]
+            controls = not plain_strings(text, options.structure()) and controls_in_strings(ebnf)
+            lead = SENTINEL_LEAD if controls else CONTROL_SENTINEL_LEAD
         else:
-            ebnf, placeholders = cached.ebnf, list(cached.placeholders)
+            ebnf, placeholders, lead = cached.ebnf, list(cached.placeholders), cached.lead
         fields: list[Field] = []
         for site, k, placeholder in zip(sites, numbers, placeholders, strict=True):
             if k == len(fields):
                 built = compile_field(compiler, support, (site.path,), site.values, site.pattern)
-                fields.append(replace(built, placeholders=(placeholder,), sentinel=field_sentinel(k, width)))
+                fields.append(replace(built, placeholders=(placeholder,), sentinel=field_sentinel(k, width, lead)))
             else:
                 f = fields[k]
                 fields[k] = replace(f, paths=(*f.paths, site.path), placeholders=(*f.placeholders, placeholder))
         if cached is None:
-            grammar = support.grammar_compiler.compile_grammar(structure_grammar(ebnf, field_sentinels(fields)))
-            controls = not plain_strings(text, options.structure()) and controls_in_strings(ebnf)
-            cached = support.keep_skeleton(skeleton, Skeleton(ebnf, tuple(placeholders), grammar, controls))
+            grammar = support.compile_structure(ebnf, field_sentinels(fields), lead)
+            cached = support.keep_skeleton(skeleton, Skeleton(ebnf, tuple(placeholders), grammar, controls, lead))
         self._ebnf = ebnf  # "" without trie fields: the compiled grammar's own text, when saved
         unions = {k: site for site, k in zip(sites, numbers, strict=True) if site.union is not None}
         self._unions_ready(
@@ -564,20 +576,20 @@ class CompiledSchema(SchemaEngine):
             ) from None
         self._vocab = vocab
         self._support = support
+        controls = controls_in_strings(self._ebnf) if self._ebnf else None
+        lead = _stored_lead(fields, controls, source)
         try:  # xgrammar's own form; compiled again from the structure's grammar text when its
             # xgrammar version reads it no longer
-            grammar = xgrammar.CompiledGrammar.deserialize_json(grammar_json, support.info)
+            grammar = xgrammar.CompiledGrammar.deserialize_json(grammar_json, support.tokenizer_info(lead))
         except Exception:  # xgrammar raises several kinds for one answer: not readable
             try:
-                grammar = support.grammar_compiler.compile_grammar(
-                    structure_grammar(self._ebnf, field_sentinels(fields))
-                )
+                grammar = support.compile_structure(self._ebnf, field_sentinels(fields), lead)
             except Exception as error:
                 raise AutomatonFileError(
                     f"{source} is corrupt: its structure's grammar does not compile ({error})", field="ebnf"
                 ) from None
         self._unions = unions  # (which fields switch: _finish reads it; checked below)
-        self._finish(fields, grammar, controls_in_strings(self._ebnf or str(grammar.grammar)))
+        self._finish(fields, grammar, controls_in_strings(str(grammar.grammar)) if controls is None else controls)
         self._restore_described(described, meta, vocab, compiler)
         if unions and compiler is None:
             compiler = SetCompiler(vocab)  # (the choices compile with it)
@@ -619,6 +631,20 @@ class CompiledSchema(SchemaEngine):
     def __repr__(self) -> str:
         sizes = ", ".join(str(f.automaton.num_values) for f in self._fields)
         return f"CompiledSchema(trie fields: [{sizes}], vocab_size={self.vocab_size})"
+
+
+def _stored_lead(fields: list[Field], controls: bool | None, source: str) -> int:
+    """The lead byte of the stored fields' sentinels (checked by :func:`~.fields.restore_field`
+    to be one of :data:`~.structure.SENTINEL_LEADS`): one for all, and 0xFF wherever the
+    structure's grammar (``controls``: may admit a raw control in a string; None: no trie
+    field) lets a string hold the control lead, which would forge a field's entry there."""
+    leads = {f.sentinel[0] for f in fields} or {SENTINEL_LEAD}
+    if len(leads) > 1 or (controls and leads != {SENTINEL_LEAD}):
+        raise AutomatonFileError(
+            f"{source} is corrupt: its fields' sentinels {sorted(leads)} do not fit its structure's grammar",
+            field="sentinel",
+        )
+    return leads.pop()
 
 
 def schema_from_bytes(blob: bytes, vocab: Vocabulary) -> CompiledSchema:

@@ -27,7 +27,7 @@ from ..base import (
 from ..sets import SetCompiler, unanchored
 from ..vocab import Vocabulary
 from .reading import all_strings, json_texts
-from .structure import DEFAULT_MIN_ENUM_VALUES, DEFAULT_MIN_UNION_BRANCHES, SENTINEL_LEAD
+from .structure import DEFAULT_MIN_ENUM_VALUES, DEFAULT_MIN_UNION_BRANCHES, SENTINEL_LEADS
 from .support import Pieces, VocabularySupport
 
 
@@ -371,7 +371,7 @@ def restore_field(stored: storage.Stored, support: VocabularySupport, k: int, en
         raise ValueError(f"field {k}: exit tables of unequal lengths or out of order")
     sentinel = bytes.fromhex(entry["sentinel"])
     placeholders = tuple(str(p) for p in entry.get("placeholders", ()))
-    if not sentinel.startswith(bytes([SENTINEL_LEAD])) or len(placeholders) != len(entry["paths"]):
+    if sentinel[:1] not in {bytes([lead]) for lead in SENTINEL_LEADS} or len(placeholders) != len(entry["paths"]):
         raise AutomatonFileError(
             f"{stored.source} was written by a triemask whose field entries free strings could forge: "
             "compile the schema again",

@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from ..base import kernels
 from ..vocab import Vocabulary
-from .structure import BEGIN_NO_CHARACTER, SENTINEL_LEAD
+from .structure import BEGIN_NO_CHARACTER, SENTINEL_LEADS
 
 # --------------------------------------------------------------------------- strict JSON
 
@@ -58,14 +58,14 @@ _PLAIN_TEXT = re.compile(rb"[\x20-\x21\x23-\x5b\x5d-\x7e]*\Z")  # printable ASCI
 
 # Why a refusal happened, by the refused byte and the state it came in (what the C steps
 # may leave to xgrammar, which refuses the same by its grammar: see Lexical):
-REFUSED_ANYWHERE = 0  # a byte no JSON text holds there (not UTF-8, 0xFF, a bad escape)
-REFUSED_OUTSIDE = 1  # a byte outside strings other than 0xFF
+REFUSED_ANYWHERE = 0  # a byte no JSON text holds there (not UTF-8, a sentinel's lead, a bad escape)
+REFUSED_OUTSIDE = 1  # a byte outside strings other than a sentinel's lead (0xFF, 0x01)
 REFUSED_CONTROL = 2  # a raw control character (0x00-0x1F) inside a string, or after its backslash
 
 
 def _refusal(state: int, c: int) -> int:
     if state == LEX_OUT:
-        return REFUSED_ANYWHERE if c == SENTINEL_LEAD else REFUSED_OUTSIDE
+        return REFUSED_ANYWHERE if c in SENTINEL_LEADS else REFUSED_OUTSIDE
     return REFUSED_CONTROL if state in (_IN, _ESCAPE) and c < 0x20 else REFUSED_ANYWHERE
 
 
@@ -85,16 +85,17 @@ class Lexical:
     """Per vocabulary, what each token does to the JSON lexer state of an output: refused
     are the tokens that would put a raw control character or bytes that are not UTF-8
     inside a string (xgrammar's length-bounded strings and its patterns admit some), and
-    the sentinel's lead byte 0xFF anywhere."""
+    the sentinels' lead bytes (0xFF and 0x01) anywhere."""
 
     after: tuple[bytes, ...]  # by start state, by token id: the state after it, or LEX_REFUSED
     keep: npt.NDArray[np.int32]  # (start states, width): the bitmask of the tokens not refused
     never: npt.NDArray[np.bool_]  # by token id: refused from every state (no piece of it is needed)
-    # keep, less the refusals at a byte outside strings that is not 0xFF: xgrammar's JSON
-    # structure holds none of those bytes (JSON's punctuation, literals, numbers and
-    # whitespace are ASCII), and less the refusals at a token's first byte between a string's
-    # characters of a byte that begins none (BEGIN_NO_CHARACTER: xgrammar's free text holds
-    # none there, structure.check_entry_unforgeable), so the C step ANDs this sparser row
+    # keep, less the refusals at a byte outside strings that is not a sentinel's lead:
+    # xgrammar's JSON structure holds none of those bytes (JSON's punctuation, literals,
+    # numbers and whitespace are ASCII; a lead only where a field's sentinel is), and less
+    # the refusals at a token's first byte between a string's characters of a byte that
+    # begins none (BEGIN_NO_CHARACTER: xgrammar's free text holds none there,
+    # structure.check_entry_unforgeable), so the C step ANDs this sparser row
     # (tests/test_schema_native.py checks, against the reference's keep, that nothing else differs).
     string_keep: npt.NDArray[np.int32]
     # string_keep, less the refusals of a raw control character inside a string: what the C

@@ -19,21 +19,30 @@ schemas --threshold``, docs/schemas.md): from about 128-256 values on the trie c
 than xgrammar's alternation, 3x faster at 1,000 and 25-100x beyond 10,000; per step xgrammar
 is faster up to a few thousand values, so schemas reused by many requests may want more."""
 
-DEFAULT_MIN_UNION_BRANCHES = 128
+DEFAULT_MIN_UNION_BRANCHES = 32
 """Discriminated unions (``reading.union_values``) with at least this many branches go to a
 trie of their discriminator, each branch compiled when first chosen. Measured on vLLM's
 ``tool_choice="required"`` schema over real functions (Qwen, docs/schemas.md): the trie
-compiles 7-12x faster from 8 branches on; with what follows a discriminator's value kept per
-schema, the steps and the batch of 64 match xgrammar's from about 32 branches, but the first
-choice of each branch compiles its schema inside a decoding step, 15-20 ms (the chosen schema
-holds the union for the next element, a sentinel no cache of xgrammar's takes): worth it where
-xgrammar's own compile of the union is the larger wait, from about 128 branches."""
+compiles 16-21x faster than xgrammar's union from 8 branches on (a new structure in a warm
+process 2-4.5x); the steps match xgrammar's from 8, the batch of 64 from about 32 (0.87-0.88x
+at 8-16 branches, 1.0x at 32-50). The first choice of each branch compiles its schema inside
+a decoding step: 2.7 ms (1.2 of them xgrammar's, through its caches: the chosen schema's
+sentinels begin with CONTROL_SENTINEL_LEAD), 17-19 ms for the first in a process."""
 
 _FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
 VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
 _VALUE_AFTER = frozenset(b":,[")  # the structure a value can follow (then whitespace)
 _WHITESPACE_CODES = frozenset(b" \t\n\r")  # JSON's whitespace
 SENTINEL_LEAD = 0xFF  # never in UTF-8, so in no text of the structure's language
+CONTROL_SENTINEL_LEAD = 0x01
+"""The sentinels' lead in a grammar none of whose strings or literals admits a raw control
+character (:func:`controls_in_strings` False), where no text of its language holds this byte
+(JSON's whitespace is the only raw control it has outside strings) but at a sentinel.
+xgrammar's EBNF spells it (``\\x01``), so such a grammar compiles from its text through
+xgrammar's caches, whose token masks of each rule (the JSON string's above all) every later
+grammar shares: a union's choice of one of 50 tools 1.2 ms instead of 15 on Qwen. The JSON
+lexer refuses it outside strings, as 0xFF (:func:`~.json_lexer.Lexical.of`)."""
+SENTINEL_LEADS = (SENTINEL_LEAD, CONTROL_SENTINEL_LEAD)
 BEGIN_NO_CHARACTER = bytes([*range(0x80, 0xC2), *range(0xF5, 0x100)])
 """The bytes that begin no UTF-8 character (RFC 3629: continuation bytes, the overlong leads
 0xC0 and 0xC1, the leads past U+10FFFF; 0xFF, the sentinel's lead, among them). xgrammar's free
@@ -43,8 +52,8 @@ _SENTINEL_DIGITS = bytes(range(0x10, 0x20))
 STRUCT = -1
 
 
-def field_sentinel(k: int, width: int) -> bytes:
-    return bytes([SENTINEL_LEAD, *(_SENTINEL_DIGITS[(k >> (4 * i)) & 15] for i in reversed(range(width)))])
+def field_sentinel(k: int, width: int, lead: int) -> bytes:
+    return bytes([lead, *(_SENTINEL_DIGITS[(k >> (4 * i)) & 15] for i in reversed(range(width)))])
 
 
 def value_start_offsets(token: bytes, first: bytes) -> list[int]:
@@ -210,6 +219,20 @@ def structure_grammar(ebnf: str, sentinels: dict[str, bytes]) -> Any:
         raise SchemaError("cannot mark the enum fields in xgrammar's grammar (its layout changed?)", path="$")
     data["grammar_expr_data"], data["grammar_expr_indptr"] = rewritten, new_starts
     return xgrammar.Grammar.deserialize_json(json.dumps(data))
+
+
+def sentinel_ebnf(ebnf: str, sentinels: dict[str, bytes]) -> str | None:
+    """The EBNF text ``ebnf`` with each placeholder's literal (its JSON text, a key of
+    ``sentinels``, as xgrammar prints it) spelled as that field's sentinel, escaped: what
+    xgrammar parses into :func:`structure_grammar`'s grammar where every byte of the sentinels
+    is a code point below 0x80 (:data:`CONTROL_SENTINEL_LEAD`). None where a placeholder occurs
+    in the text other than as its own literal (never seen: each holds a random nonce)."""
+    for placeholder, sentinel in sentinels.items():
+        literal = json.dumps(json.dumps(placeholder))
+        if ebnf.count(placeholder) != ebnf.count(literal) or not ebnf.count(literal):
+            return None
+        ebnf = ebnf.replace(literal, '"' + "".join(f"\\x{b:02x}" for b in sentinel) + '"')
+    return ebnf
 
 
 # --------------------------------------------------------------------------- raw controls

@@ -44,8 +44,9 @@
  *                 s * n + t (LEX_STATES: refused)
  *   keep          int32 [2 * LEX_STATES * width]: two sets of rows, one per lexer state: the
  *                 bitmask of tokens not refused inside strings (outside them xgrammar's JSON
- *                 structure holds no byte the lexer refuses but 0xFF, which stays refused,
- *                 and its free text begins no character with a byte that begins none:
+ *                 structure holds no byte the lexer refuses but a sentinel's lead (0xFF,
+ *                 0x01), which stays refused, and its free text begins no character with a
+ *                 byte that begins none:
  *                 Lexical.string_keep), then the same less the refusals of a raw control
  *                 character inside a string (Lexical.utf8_keep: for grammars that admit none
  *                 there, structure.controls_in_strings)
