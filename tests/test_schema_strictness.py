@@ -450,11 +450,33 @@ def test_property_names_stay_xgrammars(strict_vocab: Vocabulary, strict_compiler
     compare_walks(compiled, reference, strict_vocab, walks=10, steps=30, seed=4)
 
 
+@pytest.mark.parametrize("kinds", [["bounded", "enum", "plain", "date"], ["enum", "plain", "date"]])
 @pytest.mark.parametrize("padding", [0, 3, 200])
-def test_extra_tokens_with_and_without_padding_ids(padding: int) -> None:
-    """The extra ``p + 0xFF`` tokens go in the model's padding ids when they fit (200), else
-    after the real ids, in a scratch row (none, or too few)."""
+def test_extra_tokens_with_and_without_padding_ids(padding: int, kinds: list[str]) -> None:
+    """The extra ``p + 0xFF`` tokens (``p + 0x01`` where no string admits a raw control: no
+    length bound) go in the model's padding ids when they fit (200), else after the real ids,
+    in a scratch row (none, or too few)."""
     table: list[bytes | None] = [bytes([b]) for b in range(256)] + STRICT_MERGES + [None]
     vocab = Vocabulary(table, eos_token_ids=[len(table) - 1], vocab_size=len(table) + padding)
-    schema = object_of(["bounded", "enum", "plain", "date"])
-    check(Compiler(vocab), vocab, schema, walks=6, steps=40, seed=padding)
+    check(Compiler(vocab), vocab, object_of(kinds), walks=6, steps=40, seed=padding)
+
+
+def test_sentinels_in_the_grammar_text_parse_as_in_the_parsed_grammar() -> None:
+    """``sentinel_ebnf`` (0x01 sentinels written into xgrammar's EBNF text, which its cached
+    compiler parses) gives the grammar ``structure_grammar`` writes into the parsed one; a
+    placeholder found elsewhere than as its own literal is none."""
+    placeholders = ["tm-0f3a-0", "tm-0f3a-1"]
+    schema = {
+        "type": "object",
+        "properties": {"a": {"const": placeholders[0]}, "b": {"type": "array", "items": {"const": placeholders[1]}}},
+        "required": ["a", "b"],
+    }
+    ebnf = str(xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False))
+    sentinels = {
+        p: _structure.field_sentinel(k, 1, _structure.CONTROL_SENTINEL_LEAD) for k, p in enumerate(placeholders)
+    }
+    text = _structure.sentinel_ebnf(ebnf, sentinels)
+    assert text is not None and placeholders[0] not in text
+    parsed = json.loads(xgr.Grammar.from_ebnf(text).serialize_json())
+    assert parsed == json.loads(_structure.structure_grammar(ebnf, sentinels).serialize_json())
+    assert _structure.sentinel_ebnf(ebnf + f"\nx ::= [{placeholders[0]}]", sentinels) is None
