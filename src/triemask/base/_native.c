@@ -191,6 +191,7 @@ PyMODINIT_FUNC PyInit__native(void) {
     }
     str_handle = PyUnicode_InternFromString("_handle");
     str_step_tables = PyUnicode_InternFromString("_step_tables");
+    str_switch_exits = PyUnicode_InternFromString("_switch_exits");
     str_accept_token = PyUnicode_InternFromString("accept_token");
     str_fill_next_token_bitmask = PyUnicode_InternFromString("fill_next_token_bitmask");
     str_batch_fill = PyUnicode_InternFromString("batch_fill_next_token_bitmask");
@@ -204,8 +205,8 @@ PyMODINIT_FUNC PyInit__native(void) {
     struct_field = PyLong_FromLong(STRUCT_FIELD);
     empty_bytes = PyBytes_FromStringAndSize(NULL, 0);
     if (struct_field == NULL || empty_bytes == NULL || str_handle == NULL || str_step_tables == NULL ||
-        str_accept_token == NULL || str_fill_next_token_bitmask == NULL || str_batch_fill == NULL ||
-        small_zero == NULL) {
+        str_switch_exits == NULL || str_accept_token == NULL || str_fill_next_token_bitmask == NULL ||
+        str_batch_fill == NULL || small_zero == NULL) {
         return NULL;
     }
     PyObject *module = PyModule_Create(&native_module);

@@ -19,7 +19,7 @@ from .support import VocabularySupport
 EXIT_ROWS_BYTES = 16 << 20
 """Bound, per compiled schema, on the tokens that leave a value which switches schemas (a
 tool's name, a union's discriminator), kept for every request by the value and the output
-before it (:meth:`SchemaEngine._fill_exits`)."""
+before it (:meth:`SchemaEngine._switch_exits`)."""
 KEPT_AFTER_BYTES = 256 << 10
 """Bound, per compiled schema, on the configurations kept after the texts it was fed from its
 start (:meth:`SchemaEngine._kept_after`: a union's choice, a tool's arguments)."""
@@ -38,7 +38,8 @@ class SchemaEngine:
     _crossing: frozenset[int]
     _fields_by_prefix: dict[int, list[int]]
     _starts_first: bytes
-    _exit_rows: BoundedLRU[tuple[int, int, int, bytes], npt.NDArray[np.int64]]  # under _kept_lock
+    # under _kept_lock: by field, node and output before the value, a row's words and their bits
+    _exit_rows: BoundedLRU[tuple[int, int, bytes], tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]]
     _kept: BoundedLRU[bytes, list[Configuration]]  # under _kept_lock
     _kept_lock: threading.Lock
 
@@ -173,7 +174,7 @@ class SchemaEngine:
         """Overwrite ``row`` with the tokens allowed from ``config`` (``before``: the output
         so far). Returns whether some token may enter a field from here (so the next
         accepted token needs every reading, not xgrammar's alone)."""
-        _, matcher, k, node, value_start, cache = config
+        matcher, k, node = config.matcher, config.field, config.node
         support = self._support
         if k == STRUCT:
             if support.inline:
@@ -202,35 +203,48 @@ class SchemaEngine:
         field.automaton.fill_bitmask(row.reshape(1, -1), (node,))
         view = field.exit_nodes_view
         e = bisect_left(view, node)
-        while e < len(view) and view[e] == node:
-            self._fill_exits(matcher, k, int(field.exit_pieces[e]), int(field.exit_values[e]), value_start, cache, row)
-            e += 1
+        if e < len(view) and view[e] == node:  # (a value may end here)
+            switched = self._switch_exits(config)
+            if switched is None:
+                self._add_exits(config, row)
+            else:
+                words, bits = switched
+                row[words] |= bits
         return True
 
-    def _fill_exits(
-        self,
-        matcher: Any,
-        k: int,
-        piece: int,
-        value_node: int,
-        value_start: bytes,
-        cache: dict[Any, Any],
-        row: npt.NDArray[np.int32],
-    ) -> None:
-        """Add the tokens whose head ``piece`` ends field ``k``'s value and whose rest
-        the structure accepts after it. Where the value switches schemas, they depend on
-        the value and the output before it alone: kept per schema, for every request."""
-        if not self._switches(k):
+    def _add_exits(self, config: Configuration, row: npt.NDArray[np.int32]) -> None:
+        """Add to ``row`` the tokens that end the value of ``config``'s field at its node and
+        go on in the structure (:meth:`_exit_tokens` of each piece that ends a value there)."""
+        _, matcher, k, node, value_start, cache = config
+        field = self._fields[k]
+        view = field.exit_nodes_view
+        e = bisect_left(view, node)
+        while e < len(view) and view[e] == node:
+            piece, value_node = int(field.exit_pieces[e]), int(field.exit_values[e])
             _set_bits(row, self._exit_tokens(matcher, k, piece, value_node, value_start, cache))
-            return
-        key = (k, piece, value_node, bytes(value_start))
+            e += 1
+
+    def _switch_exits(self, config: Configuration) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]] | None:
+        """The words of a row and their bits: the tokens that end the value of ``config``'s
+        field at its node, a value that switches schemas (a tool's name, a union's
+        discriminator), and go on in the schema it chooses; None where the field does not
+        switch. They depend on the value and the output before it alone, so they are kept
+        per schema for every request (read by the C fill too, which ORs them into the
+        trie's row)."""
+        k, node, value_start = config.field, config.node, config.value_start
+        if not self._switches(k):
+            return None
+        key = (k, node, bytes(value_start))
         with self._kept_lock:
-            tokens = self._exit_rows.get(key)
-        if tokens is None:
-            tokens = self._exit_tokens(matcher, k, piece, value_node, value_start, cache)
+            found = self._exit_rows.get(key)
+        if found is None:
+            row = np.zeros(self._support.width, dtype=np.int32)
+            self._add_exits(config, row)
+            words = np.flatnonzero(row)
+            found = (words, row[words])
             with self._kept_lock:
-                self._exit_rows.put(key, tokens, _TOKENS_BYTES + len(value_start) + tokens.nbytes)
-        _set_bits(row, tokens)
+                self._exit_rows.put(key, found, _TOKENS_BYTES + len(key[2]) + words.nbytes + found[1].nbytes)
+        return found
 
     def _exit_tokens(
         self,
@@ -241,7 +255,8 @@ class SchemaEngine:
         value_start: bytes,
         cache: dict[Any, Any],
     ) -> npt.NDArray[np.int64]:
-        """The tokens of :meth:`_fill_exits`."""
+        """The tokens whose head ``piece`` ends field ``k``'s value (at ``value_node``) and whose
+        rest the structure accepts after it."""
         pieces = self._fields[k].pieces
         lo, hi = int(pieces.head_offsets[piece]), int(pieces.head_offsets[piece + 1])
         tokens = pieces.head_tokens[lo:hi]

@@ -85,7 +85,7 @@ class Pieces:
         # What decides a rest without a probe, from the structure's mask after the value:
         # the longest prefix of the rest that is a token (refused: the rest cannot be
         # structure alone), and where the rest could start a value again (the extra
-        # token of that prefix says whether a value may start there): see _fill_exits.
+        # token of that prefix says whether a value may start there): see SchemaEngine._exit_tokens.
         self.head_prefix_tokens = np.array([_longest_token_prefix(r, support.token_ids) for r in rests], dtype=np.int64)
         cross = np.array([_single_start(r, support.prefix_ids) for r in rests], dtype=np.int64)
         # as token ids of xgrammar's vocabulary: (rest, longest token prefix, extra token of a start)

@@ -16,9 +16,11 @@
  *   token, for a token that cannot (no exit's head) or that ends it (below). Fill is the
  *   trie's row (the set kernel's fill_one); at such a node (where a value's end resumes the
  *   structure on the same matcher) plus the tokens that end the value and go on:
- *   engine._fill_exits, from xgrammar's mask after the value and, for a rest that mask cannot
+ *   engine._exit_tokens, from xgrammar's mask after the value and, for a rest that mask cannot
  *   decide, engine._feasible's probe (the rest taken whole, else no field can be entered inside
- *   it), then the lexer's row.
+ *   it), then the lexer's row. Where the value switches schemas (a tool's name, a union's
+ *   discriminator), the tokens that end it are those its schema keeps (engine._switch_exits, a
+ *   row's words and their bits, read through one call), then the lexer's row.
  *
  * Two steps cross a value's boundary, where the token has one reading (engine._feed, without
  * its forks): a token that may enter a field, read whole by the structure (the common step) or
@@ -769,6 +771,7 @@ typedef struct {
 enum { RESOLVED_OTHER = 0, RESOLVED_STRUCT = 1, RESOLVED_ENUM = 2 };
 
 static PyObject *str_handle, *str_step_tables, *str_accept_token, *str_fill_next_token_bitmask, *str_batch_fill;
+static PyObject *str_switch_exits;
 static PyObject *str_accept_string, *str_rollback;
 static PyObject *small_zero, *small_one, *struct_field, *empty_bytes;
 
@@ -1489,7 +1492,7 @@ static int exit_probe(const StepTables *t, PyObject *handle, const char *rest, P
     return 0;
 }
 
-/* engine._fill_exits for every exit at the current node, added to `out` (the trie's row): the
+/* engine._exit_tokens for every exit at the current node, added to `out` (the trie's row): the
  * tokens whose head ends the value there and whose rest the structure takes after it, decided
  * by xgrammar's mask after the value (into the matcher's scratch row) and, where that mask
  * cannot tell, a probe. 1 done, 0 to defer (no usable scratch row; a probe that may enter a
@@ -1554,10 +1557,43 @@ done:
  * (control characters escaped, no surrogate, no 0xFF: schemas.reading checks the values and
  * the finite patterns), so the lexer refuses none of its tokens; the reference ANDs it, and
  * tests/test_schema_native.py finds the masks equal. */
+/* engine._switch_exits of the configuration (a value that switches schemas ends at its node),
+ * ORed into `out` (the trie's row): 1 done, 0 to defer (None: a field that does not switch, or
+ * arrays not as the engine makes them), -1 on an error. */
+static int SchemaCore_fill_switch_exits(SchemaCore *self, int32_t *out) {
+    PyObject *found = PyObject_CallMethodOneArg(PyTuple_GET_ITEM(self->config, 0), str_switch_exits, self->config);
+    if (found == NULL) {
+        return -1;
+    }
+    Py_buffer words = {0}, bits = {0};
+    int done = 0;
+    if (PyTuple_CheckExact(found) && PyTuple_GET_SIZE(found) == 2 &&
+        PyObject_GetBuffer(PyTuple_GET_ITEM(found, 0), &words, PyBUF_C_CONTIGUOUS) == 0) {
+        if (PyObject_GetBuffer(PyTuple_GET_ITEM(found, 1), &bits, PyBUF_C_CONTIGUOUS) == 0) {
+            const Py_ssize_t width = ((const StepTables *)self->tables)->lex->width;
+            const Py_ssize_t count = bits.len / (Py_ssize_t)sizeof(int32_t);
+            const int64_t *w = (const int64_t *)words.buf;
+            const int32_t *b = (const int32_t *)bits.buf;
+            done = words.itemsize == 8 && bits.itemsize == 4 && words.len == count * (Py_ssize_t)sizeof(int64_t);
+            for (Py_ssize_t i = 0; done && i < count; i++) {
+                done = w[i] >= 0 && w[i] < width;
+            }
+            for (Py_ssize_t i = 0; done && i < count; i++) {
+                out[w[i]] |= b[i];
+            }
+            PyBuffer_Release(&bits);
+        }
+        PyBuffer_Release(&words);
+    }
+    PyErr_Clear(); /* (a buffer refused: the reference's fill) */
+    Py_DECREF(found);
+    return done;
+}
+
 static int SchemaCore_fill_enum(SchemaCore *self, int32_t *out) {
     const StepTables *t = (const StepTables *)self->tables;
     int exits = ((const uint8_t *)t->flags[self->field].buf)[self->node] & FIELD_EXITS;
-    if (exits && (t->exits == NULL || !t->plain_exits)) {
+    if (exits && t->plain_exits && t->exits == NULL) {
         return 0;
     }
     if (fill_one(t->kernels[self->field], out, self->node) < 0) {
@@ -1565,7 +1601,8 @@ static int SchemaCore_fill_enum(SchemaCore *self, int32_t *out) {
         return -1;
     }
     if (exits) {
-        int done = SchemaCore_fill_exits(self, out);
+        /* (in a schema with a value that switches, the exits of the others are the reference's) */
+        int done = t->plain_exits ? SchemaCore_fill_exits(self, out) : SchemaCore_fill_switch_exits(self, out);
         if (done <= 0) {
             return done;
         }
