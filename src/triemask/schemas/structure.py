@@ -22,12 +22,14 @@ is faster up to a few thousand values, so schemas reused by many requests may wa
 DEFAULT_MIN_UNION_BRANCHES = 32
 """Discriminated unions (``reading.union_values``) with at least this many branches go to a
 trie of their discriminator, each branch compiled when first chosen. Measured on vLLM's
-``tool_choice="required"`` schema over real functions (Qwen, docs/schemas.md): the trie
-compiles 16-21x faster than xgrammar's union from 8 branches on (a new structure in a warm
-process 2-4.5x); the steps match xgrammar's from 8, the batch of 64 from about 32 (0.87-0.88x
-at 8-16 branches, 1.0x at 32-50). The first choice of each branch compiles its schema inside
-a decoding step: 2.7 ms (1.2 of them xgrammar's, through its caches: the chosen schema's
-sentinels begin with CONTROL_SENTINEL_LEAD), 17-19 ms for the first in a process."""
+``tool_choice="required"`` schema over real functions (Qwen, docs/benchmarks.md): the trie
+compiles 8.6-12x faster than xgrammar's union from 8 branches on (a new structure in a warm
+process 2.1x at 8, 4.5x at 32, 6x at 50); the steps are faster from 8, the batch of 64 0.97x
+xgrammar's at 8, 1.05x at 16, 1.16x at 32, 1.22x at 50. But the first choice of each branch
+compiles its schema inside a decoding step (a serving engine's whole batch waits), 2.7 ms
+(1.2 of them xgrammar's, through its caches: the chosen schema's sentinels begin with
+CONTROL_SENTINEL_LEAD), 17-19 ms for the first in a process, where xgrammar's one compile runs
+ahead of decoding: from 32 branches, where that compile is 25 ms and more."""
 
 _FOLLOW = b",}] \t\n\r"  # what can follow a JSON value
 VALUE_FIRST = b'"-0123456789tfn'  # what a JSON scalar can start with
