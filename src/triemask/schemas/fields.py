@@ -371,7 +371,7 @@ def restore_field(stored: storage.Stored, support: VocabularySupport, k: int, en
         raise ValueError(f"field {k}: exit tables of unequal lengths or out of order")
     sentinel = bytes.fromhex(entry["sentinel"])
     placeholders = tuple(str(p) for p in entry.get("placeholders", ()))
-    if sentinel[:1] not in {bytes([lead]) for lead in SENTINEL_LEADS} or len(placeholders) != len(entry["paths"]):
+    if not sentinel or sentinel[0] not in SENTINEL_LEADS or len(placeholders) != len(entry["paths"]):
         raise AutomatonFileError(
             f"{stored.source} was written by a triemask whose field entries free strings could forge: "
             "compile the schema again",

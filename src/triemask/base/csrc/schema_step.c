@@ -1551,12 +1551,6 @@ done:
     return done;
 }
 
-/* The fill inside a field's value, at a node where no value ends (no exits): the trie's row;
- * 1 done, 0 to defer, -1 on an error. The lexer's keep row is not ANDed in: the trie spells
- * the values' JSON texts from the value's first byte, and each text is strict JSON in UTF-8
- * (control characters escaped, no surrogate, no 0xFF: schemas.reading checks the values and
- * the finite patterns), so the lexer refuses none of its tokens; the reference ANDs it, and
- * tests/test_schema_native.py finds the masks equal. */
 /* engine._switch_exits of the configuration (a value that switches schemas ends at its node),
  * ORed into `out` (the trie's row): 1 done, 0 to defer (None: a field that does not switch, or
  * arrays not as the engine makes them), -1 on an error. */
@@ -1590,6 +1584,12 @@ static int SchemaCore_fill_switch_exits(SchemaCore *self, int32_t *out) {
     return done;
 }
 
+/* The fill inside a field's value, at a node where no value ends (no exits): the trie's row;
+ * 1 done, 0 to defer, -1 on an error. The lexer's keep row is not ANDed in: the trie spells
+ * the values' JSON texts from the value's first byte, and each text is strict JSON in UTF-8
+ * (control characters escaped, no surrogate, no 0xFF: schemas.reading checks the values and
+ * the finite patterns), so the lexer refuses none of its tokens; the reference ANDs it, and
+ * tests/test_schema_native.py finds the masks equal. */
 static int SchemaCore_fill_enum(SchemaCore *self, int32_t *out) {
     const StepTables *t = (const StepTables *)self->tables;
     int exits = ((const uint8_t *)t->flags[self->field].buf)[self->node] & FIELD_EXITS;
