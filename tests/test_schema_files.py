@@ -209,6 +209,17 @@ def test_a_fields_entry_begins_with_a_control_only_where_no_string_holds_one(
     with pytest.raises(AutomatonFileError, match="do not fit its structure's grammar") as raised:
         CompiledSchema.load(path, vocab=byte_vocab)
     assert raised.value.field == "sentinel"
+    # without trie fields: the file names the vocabulary its grammar was compiled on (p + 0x01
+    # extra tokens where no string may hold a raw control), and a lead that is none is refused
+    plain = byte_compiler.compile_json_schema({"type": "object", "properties": {"s": {"type": "string"}}})
+    plain.save(path)
+    assert _header(path)["meta"]["lead"] == 1
+    original = path.read_bytes()
+    for wrong in (7, "1", [1]):
+        path.write_bytes(original)
+        _rewrite(path, lambda header, wrong=wrong: header["meta"].update(lead=wrong))
+        with pytest.raises(AutomatonFileError, match="do not fit its structure's grammar"):
+            CompiledSchema.load(path, vocab=byte_vocab)
 
 
 @pytest.mark.parametrize("schema", [SCHEMAS["adjacent enums"], CONTROLS_AND_ENUM], ids=["lead 0x01", "lead 0xFF"])

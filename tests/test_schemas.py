@@ -949,11 +949,12 @@ def test_schemas_that_differ_only_in_annotations_share_their_structure(
 def test_schemas_without_trie_fields_reuse_xgrammar_rule_masks(byte_vocab: Vocabulary, byte_compiler: Compiler) -> None:
     """A schema without trie fields compiles through xgrammar's caches (the masks of the rules
     the schemas before it compiled): every schema of the suite in turn, both spacings, gets the
-    grammar an uncached compile of its text gives, byte for byte; clear_structure_cache empties
-    those caches."""
+    grammar an uncached compile of its text gives on the same vocabulary (extra tokens ``p +
+    0x01`` where no string may hold a raw control, else ``p + 0xFF``; both occur), byte for
+    byte; clear_structure_cache empties those caches."""
     support = vocabulary_support(byte_vocab)
-    uncached = xgr.GrammarCompiler(support.info, cache_enabled=False)
-    checked = 0
+    uncached = {lead: xgr.GrammarCompiler(support.tokenizer_info(lead), cache_enabled=False) for lead in (1, 0xFF)}
+    checked, leads = 0, set()
     # (and the characters xgrammar's cache misreads in a parsed grammar's printed text: U+00FF,
     # other Latin-1, a control, an escape, beyond the BMP)
     latin = {
@@ -970,17 +971,20 @@ def test_schemas_without_trie_fields_reuse_xgrammar_rule_masks(byte_vocab: Vocab
             compiled = byte_compiler.compile_json_schema(schema, any_whitespace=any_whitespace, **options)
             if compiled.stats()["trie_fields"]:
                 continue  # (a pattern or a format: a trie field at any size)
-            expected = uncached.compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
+            # (on the vocabulary of p + 0x01 extra tokens where no string may hold a raw control)
+            lead = compiled._lead
+            expected = uncached[lead].compile_json_schema(json.dumps(schema), any_whitespace=any_whitespace)
             assert compiled._grammar.serialize_json() == expected.serialize_json()
             checked += 1
-    assert checked >= 22
+            leads.add(lead)
+    assert checked >= 22 and leads == {1, 0xFF}
     matcher = Matcher(byte_compiler.compile_json_schema(latin, any_whitespace=False, min_enum_values=10_000))
     instance = {"k": "\u00ff", "c": "\u00ff\u00fe"}
     text = json.dumps(instance, ensure_ascii=False, separators=(", ", ": ")).encode()
     assert matcher.accept_tokens(list(text)) == len(text) and matcher.value == instance
-    assert support.schema_compiler.get_cache_size_bytes() > 0
+    assert support.schema_compiler.get_cache_size_bytes() > 0 and support.loose_compiler.get_cache_size_bytes() > 0
     clear_structure_cache()
-    assert support.schema_compiler.get_cache_size_bytes() == 0
+    assert support.schema_compiler.get_cache_size_bytes() == support.loose_compiler.get_cache_size_bytes() == 0
 
 
 # Keywords xgrammar accepts but does not enforce, at several depths, in an order no set keeps.

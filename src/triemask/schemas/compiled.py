@@ -94,6 +94,7 @@ from .reading import UnionChoice, dispatch, json_texts, load_schema, structure_t
 from .structure import (
     CONTROL_SENTINEL_LEAD,
     SENTINEL_LEAD,
+    SENTINEL_LEADS,
     Configuration,
     controls_in_strings,
     field_sentinel,
@@ -160,12 +161,13 @@ class CompiledSchema(SchemaEngine):
         self._structure_shared = cached is not None
         if cached is None and not sites:
             # no trie field: the structure is all, compiled exactly as xgrammar compiles it
+            plain = plain_strings(text, options.structure())
             try:
-                grammar = support.schema_compiler.compile_json_schema(text, **options.structure())
+                grammar, lead = support.compile_schema(text, options.structure(), plain)
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
-            controls = not plain_strings(text, options.structure()) and controls_in_strings(str(grammar.grammar))
-            cached = support.keep_skeleton(skeleton, Skeleton("", (), grammar, controls, SENTINEL_LEAD))
+            controls = not plain and controls_in_strings(str(grammar.grammar))
+            cached = support.keep_skeleton(skeleton, Skeleton("", (), grammar, controls, lead))
         if cached is None:
             try:
                 ebnf = str(xgrammar.Grammar.from_json_schema(text, **options.structure()))
@@ -188,6 +190,7 @@ class CompiledSchema(SchemaEngine):
             grammar = support.compile_structure(ebnf, field_sentinels(fields), lead)
             cached = support.keep_skeleton(skeleton, Skeleton(ebnf, tuple(placeholders), grammar, controls, lead))
         self._ebnf = ebnf  # "" without trie fields: the compiled grammar's own text, when saved
+        self._lead = cached.lead  # (the extra tokens of the vocabulary its grammar was compiled on)
         unions = {k: site for site, k in zip(sites, numbers, strict=True) if site.union is not None}
         self._unions_ready(
             compiler,
@@ -483,6 +486,7 @@ class CompiledSchema(SchemaEngine):
             "xgrammar_version": version("xgrammar"),
             "compile_seconds": self._compile_seconds,
             "fields": fields,
+            "lead": self._lead,
         }
         return meta, arrays
 
@@ -577,7 +581,7 @@ class CompiledSchema(SchemaEngine):
         self._vocab = vocab
         self._support = support
         controls = controls_in_strings(self._ebnf) if self._ebnf else None
-        lead = _stored_lead(fields, controls, source)
+        self._lead = lead = _stored_lead(fields, meta.get("lead"), controls, source)
         try:  # xgrammar's own form; compiled again from the structure's grammar text when its
             # xgrammar version reads it no longer
             grammar = xgrammar.CompiledGrammar.deserialize_json(grammar_json, support.tokenizer_info(lead))
@@ -633,15 +637,21 @@ class CompiledSchema(SchemaEngine):
         return f"CompiledSchema(trie fields: [{sizes}], vocab_size={self.vocab_size})"
 
 
-def _stored_lead(fields: list[Field], controls: bool | None, source: str) -> int:
-    """The lead byte of the stored fields' sentinels (checked by :func:`~.fields.restore_field`
-    to be one of :data:`~.structure.SENTINEL_LEADS`): one for all, and 0xFF wherever the
-    structure's grammar (``controls``: may admit a raw control in a string; None: no trie
-    field) lets a string hold the control lead, which would forge a field's entry there."""
-    leads = {f.sentinel[0] for f in fields} or {SENTINEL_LEAD}
-    if len(leads) > 1 or (controls and leads != {SENTINEL_LEAD}):
+def _stored_lead(fields: list[Field], stored: Any, controls: bool | None, source: str) -> int:
+    """The lead of the extra tokens of the vocabulary the stored grammar was compiled on: the
+    file's ``lead`` (``stored``; absent from files before it), which the fields' sentinels
+    share (each checked by :func:`~.fields.restore_field` to lead with one of
+    :data:`~.structure.SENTINEL_LEADS`), else 0xFF; 0xFF wherever the grammar (``controls``:
+    may admit a raw control in a string; None: not known) lets a string hold the control
+    lead, which would forge a field's entry there."""
+    leads = {f.sentinel[0] for f in fields}
+    if stored is not None:
+        leads.add(stored if type(stored) is int else -1)
+    leads = leads or {SENTINEL_LEAD}
+    if len(leads) > 1 or not leads <= set(SENTINEL_LEADS) or (controls and leads != {SENTINEL_LEAD}):
         raise AutomatonFileError(
-            f"{source} is corrupt: its fields' sentinels {sorted(leads)} do not fit its structure's grammar",
+            f"{source} is corrupt: the leads of its sentinels and extra tokens {sorted(leads)} do not fit its "
+            "structure's grammar",
             field="sentinel",
         )
     return leads.pop()

@@ -138,8 +138,8 @@ rule's automaton), which every later grammar with that rule reuses: the JSON str
 1.5 ms after the first (xgrammar's default, as vLLM runs it). They keep compiled grammars by
 schema text too, the objects the skeletons hold (shared, not copied); the rules' masks are small
 (bounded at 1 MB, a new schema with strings still compiled in 1.7 ms after ten schemas of 50
-tools). The structures with 0x01 sentinels compile through a second compiler with the same
-bound (:meth:`VocabularySupport.compile_structure`); not those with 0xFF sentinels: xgrammar's
+tools). The structures with 0x01 sentinels compile through the same caches
+(:meth:`VocabularySupport.compile_structure`); not those with 0xFF sentinels: xgrammar's
 cache keys a parsed grammar by its printed EBNF and compiles that text again, which reads a
 sentinel's raw byte 0xFF as the code point U+00FF (bytes C3 BF)."""
 
@@ -222,12 +222,13 @@ class VocabularySupport:
         keep = np.zeros(32 * (self.pseudo_words[1] - self.pseudo_words[0]), dtype=bool)
         keep[: self.first_pseudo - 32 * self.pseudo_words[0]] = True
         self.pseudo_keep = np.packbits(keep, bitorder="little").view(np.int32)
-        self.info = self._tokenizer_info(SENTINEL_LEAD)
-        # the structures with 0xFF sentinels, parsed grammars with raw bytes (uncached: XGRAMMAR_CACHE_BYTES)
-        self.grammar_compiler = xgrammar.GrammarCompiler(self.info, max_threads=compile_threads(), cache_enabled=False)
-        # the schemas without trie fields, JSON schema texts, with xgrammar's caches
+        # The grammars none of whose strings admits a raw control character (most: schemas
+        # without trie fields whose text says so, structure.plain_strings; structures whose
+        # sentinels lead with 0x01) compile from their text through xgrammar's caches, on a
+        # vocabulary whose extra tokens are p + 0x01; the others on one with p + 0xFF.
+        self.control_info = self._tokenizer_info(CONTROL_SENTINEL_LEAD)
         self.schema_compiler = xgrammar.GrammarCompiler(
-            self.info, max_threads=compile_threads(), cache_limit_bytes=XGRAMMAR_CACHE_BYTES
+            self.control_info, max_threads=compile_threads(), cache_limit_bytes=XGRAMMAR_CACHE_BYTES
         )
         self._pieces: BoundedLRU[tuple[bytes, bytes], Pieces] = BoundedLRU(8)  # a handful of byte sets in practice
         self._skeletons: BoundedLRU[Hashable, Skeleton] = BoundedLRU(SKELETON_CACHE_BYTES)
@@ -247,24 +248,41 @@ class VocabularySupport:
         )
 
     @cached_property
-    def control_info(self) -> Any:
-        """The tokenizer info of the structures with :data:`~.structure.CONTROL_SENTINEL_LEAD`
-        sentinels (built on first use: 63 ms, 12 MB for Qwen)."""
-        return self._tokenizer_info(CONTROL_SENTINEL_LEAD)
+    def info(self) -> Any:
+        """The tokenizer info whose extra tokens are ``p + 0xFF``: of the grammars whose strings
+        may admit a raw control character (built on first use: 63 ms, 12 MB for Qwen)."""
+        return self._tokenizer_info(SENTINEL_LEAD)
 
     @cached_property
-    def control_compiler(self) -> Any:
-        """xgrammar's compiler of the structures with :data:`~.structure.CONTROL_SENTINEL_LEAD`
-        sentinels, from their EBNF text, with its caches (bounded as :data:`XGRAMMAR_CACHE_BYTES`)."""
+    def grammar_compiler(self) -> Any:
+        """xgrammar's compiler of the structures with 0xFF sentinels: parsed grammars with raw
+        bytes, uncached (:data:`XGRAMMAR_CACHE_BYTES`)."""
+        import xgrammar
+
+        return xgrammar.GrammarCompiler(self.info, max_threads=compile_threads(), cache_enabled=False)
+
+    @cached_property
+    def loose_compiler(self) -> Any:
+        """xgrammar's compiler of the schemas without trie fields whose strings may admit a raw
+        control character, from their text, with its caches (as :attr:`schema_compiler`)."""
         import xgrammar
 
         return xgrammar.GrammarCompiler(
-            self.control_info, max_threads=compile_threads(), cache_limit_bytes=XGRAMMAR_CACHE_BYTES
+            self.info, max_threads=compile_threads(), cache_limit_bytes=XGRAMMAR_CACHE_BYTES
         )
 
     def tokenizer_info(self, lead: int) -> Any:
-        """The tokenizer info of the grammars whose sentinels begin with ``lead``."""
+        """The tokenizer info whose extra tokens are ``p + lead``."""
         return self.info if lead == SENTINEL_LEAD else self.control_info
+
+    def compile_schema(self, text: str, options: dict[str, Any], plain: bool) -> tuple[Any, int]:
+        """xgrammar's ``compile_json_schema`` of ``text`` (a schema without trie fields), and the
+        lead of the extra tokens of the vocabulary it was compiled on: ``p + 0x01`` where ``plain``
+        (:func:`~.structure.plain_strings`: no string may hold a raw control, so no text of the
+        language holds that byte), else ``p + 0xFF``; both through xgrammar's caches."""
+        if plain:
+            return self.schema_compiler.compile_json_schema(text, **options), CONTROL_SENTINEL_LEAD
+        return self.loose_compiler.compile_json_schema(text, **options), SENTINEL_LEAD
 
     def compile_structure(self, ebnf: str, sentinels: dict[str, bytes], lead: int) -> Any:
         """xgrammar's compiled grammar of ``ebnf`` with each placeholder made its field's
@@ -278,7 +296,7 @@ class VocabularySupport:
             raise SchemaError(
                 "cannot mark the enum fields in xgrammar's grammar text (its printing changed?)", path="$"
             )
-        return self.control_compiler.compile_grammar(text)
+        return self.schema_compiler.compile_grammar(text)
 
     @cached_property
     def jump_tables(self) -> JumpTables:
@@ -393,8 +411,8 @@ class VocabularySupport:
         with self._lock:
             self._skeletons.clear()
             self.schema_compiler.clear_cache()
-            if "control_compiler" in self.__dict__:  # (built on first use)
-                self.control_compiler.clear_cache()
+            if "loose_compiler" in self.__dict__:  # (built on first use)
+                self.loose_compiler.clear_cache()
 
     def keep_skeleton(self, key: Hashable, compiled: Skeleton) -> Skeleton:
         """Keep ``compiled`` for later schemas of the same skeleton (by its grammar's size);
