@@ -155,7 +155,7 @@ class Skeleton:
     placeholders: tuple[str, ...]  # by site
     grammar: Any
     controls: bool  # the grammar may admit a raw control character in a string (controls_in_strings)
-    lead: int  # its sentinels' first byte: SENTINEL_LEAD where controls, else CONTROL_SENTINEL_LEAD
+    lead: int  # the extra tokens' last byte in the vocabulary it was compiled on (its sentinels' first)
 
 
 def split_tokens(
