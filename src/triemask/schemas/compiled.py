@@ -159,9 +159,10 @@ class CompiledSchema(SchemaEngine):
         skeleton = (tuple(text.split(nonce)) if nonce else (text,), repr(options.structure()), tuple(numbers))
         cached = support.skeleton(skeleton)
         self._structure_shared = cached is not None
+        # no string of the structure may hold a raw control, read from its text (else its grammar's)
+        plain = cached is None and plain_strings(text, options.structure())
         if cached is None and not sites:
             # no trie field: the structure is all, compiled exactly as xgrammar compiles it
-            plain = plain_strings(text, options.structure())
             try:
                 grammar, lead = support.compile_schema(text, options.structure(), plain)
             except (RuntimeError, ValueError, TypeError) as exc:
@@ -174,7 +175,7 @@ class CompiledSchema(SchemaEngine):
             except (RuntimeError, ValueError, TypeError) as exc:
                 raise SchemaError(f"xgrammar cannot compile the schema: {exc}", path="$") from None
             placeholders = [site.placeholder for site in sites]
-            controls = not plain_strings(text, options.structure()) and controls_in_strings(ebnf)
+            controls = not plain and controls_in_strings(ebnf)
             lead = SENTINEL_LEAD if controls else CONTROL_SENTINEL_LEAD
         else:
             ebnf, placeholders, lead = cached.ebnf, list(cached.placeholders), cached.lead
